@@ -1,0 +1,172 @@
+"""The one codec between torch tensors / Batches and their protobuf wire form.
+
+Tensor bytes are little-endian, C order (rlserve.v1.Tensor). Encoding costs one copy
+(protobuf needs a `bytes`). Decoding wraps the `bytes` object protobuf hands out
+with `torch.frombuffer`, so no second copy is made: upb builds a fresh `bytes` on
+every field access, which therefore belongs to the decoded tensor alone and may be
+written through it.
+
+Every check a hostile message could trip (unknown dtype, negative or huge dims, a byte
+count that does not match the shape, bool bytes other than 0/1) raises CodecError,
+which services turn into INVALID_ARGUMENT.
+"""
+
+import math
+import sys
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from google.protobuf import struct_pb2
+
+from rlserve.core.batch import Batch
+from rlserve.v1 import common_pb2
+
+if sys.byteorder != "little":  # every supported platform (x86_64, aarch64) is little-endian
+    raise ImportError("rlserve's tensor codec supports little-endian hosts only")
+
+# Any larger tensor could not be carried by one gRPC message (2 GiB) anyway.
+MAX_TENSOR_BYTES = 2**31
+
+_TORCH_BY_PROTO: dict[int, torch.dtype] = {
+    common_pb2.DTYPE_FLOAT32: torch.float32,
+    common_pb2.DTYPE_FLOAT16: torch.float16,
+    common_pb2.DTYPE_BFLOAT16: torch.bfloat16,
+    common_pb2.DTYPE_INT64: torch.int64,
+    common_pb2.DTYPE_INT32: torch.int32,
+    common_pb2.DTYPE_BOOL: torch.bool,
+}
+_PROTO_BY_TORCH = {dtype: code for code, dtype in _TORCH_BY_PROTO.items()}
+SUPPORTED_DTYPES = tuple(_PROTO_BY_TORCH)
+
+# BatchMeta has typed fields for these keys; any other meta key goes to `extra`.
+_TYPED_META_KEYS = ("weights_version", "step")
+
+
+class CodecError(ValueError):
+    """A tensor or batch cannot be encoded or decoded; the message names the field."""
+
+
+def tensor_to_proto(tensor: torch.Tensor, name: str = "tensor") -> common_pb2.Tensor:
+    """Encodes a tensor (any device, any strides) as rlserve.v1.Tensor."""
+    code = _PROTO_BY_TORCH.get(tensor.dtype)
+    if code is None:
+        raise CodecError(
+            f"{name}: dtype {tensor.dtype} is not supported; "
+            f"use one of {[str(d) for d in SUPPORTED_DTYPES]}"
+        )
+    flat = tensor.detach().to("cpu").contiguous()
+    # Viewing as bytes covers bfloat16, which numpy cannot represent.
+    raw = flat.reshape(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return common_pb2.Tensor(dtype=code, shape=list(flat.shape), data=raw)
+
+
+def tensor_from_proto(message: common_pb2.Tensor, name: str = "tensor") -> torch.Tensor:
+    """Decodes rlserve.v1.Tensor; raises CodecError naming `name` on any inconsistency."""
+    dtype = _TORCH_BY_PROTO.get(message.dtype)
+    if dtype is None:
+        raise CodecError(
+            f"{name}.dtype: unknown or unset dtype code {message.dtype}; "
+            f"expected one of {sorted(_TORCH_BY_PROTO)}"
+        )
+    shape = list(message.shape)
+    if any(dim < 0 for dim in shape):
+        raise CodecError(f"{name}.shape: dimensions must be >= 0, got {shape}")
+    item_bytes = torch.empty((), dtype=dtype).element_size()
+    # Python ints do not overflow, so a hostile shape cannot wrap around to a small size.
+    expected_bytes = math.prod(shape) * item_bytes
+    if expected_bytes > MAX_TENSOR_BYTES:
+        raise CodecError(
+            f"{name}.shape: {shape} needs {expected_bytes} bytes, over the "
+            f"{MAX_TENSOR_BYTES}-byte limit of one message"
+        )
+    data = message.data
+    if len(data) != expected_bytes:
+        raise CodecError(
+            f"{name}.data: shape {shape} of {dtype} needs {expected_bytes} bytes, "
+            f"got {len(data)}"
+        )
+    if expected_bytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    with warnings.catch_warnings():
+        # `bytes` is read-only to Python, but this object is ours alone (see module doc).
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        raw = torch.frombuffer(data, dtype=torch.uint8)
+    if dtype == torch.bool and bool((raw > 1).any()):
+        raise CodecError(f"{name}.data: bool tensor holds bytes other than 0 and 1")
+    return raw.view(dtype).reshape(shape)
+
+
+def _value_to_proto(value: Any, where: str) -> struct_pb2.Value:
+    # bool before int: bool is a subclass of int.
+    if value is None:
+        return struct_pb2.Value(null_value=struct_pb2.NULL_VALUE)
+    if isinstance(value, bool):
+        return struct_pb2.Value(bool_value=value)
+    if isinstance(value, int | float):
+        if isinstance(value, int) and abs(value) > 2**53:
+            raise CodecError(f"{where}: integer {value} would lose precision as a double")
+        return struct_pb2.Value(number_value=float(value))
+    if isinstance(value, str):
+        return struct_pb2.Value(string_value=value)
+    raise CodecError(
+        f"{where}: {type(value).__name__} is not a JSON scalar (str, int, float, bool, None)"
+    )
+
+
+def _value_from_proto(value: struct_pb2.Value, where: str) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "null_value" or kind is None:
+        return None
+    if kind in ("number_value", "string_value", "bool_value"):
+        return getattr(value, kind)
+    raise CodecError(f"{where}: expected a scalar value, got {kind}")
+
+
+def batch_to_proto(batch: Batch) -> common_pb2.Batch:
+    """Encodes a Batch. Non-tensor numbers travel as doubles (JSON semantics)."""
+    message = common_pb2.Batch()
+    for key, tensor in batch.tensors.items():
+        message.tensors[key].CopyFrom(tensor_to_proto(tensor, name=f"tensors[{key!r}]"))
+    for key, column in batch.non_tensors.items():
+        values = message.non_tensors[key].values
+        for row, value in enumerate(column):
+            values.append(_value_to_proto(value, f"non_tensors[{key!r}][{row}]"))
+    for key, value in batch.meta.items():
+        if key in _TYPED_META_KEYS:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise CodecError(f"meta[{key!r}]: must be an int, got {value!r}")
+            setattr(message.meta, key, value)
+        else:
+            message.meta.extra[key].CopyFrom(_value_to_proto(value, f"meta[{key!r}]"))
+    return message
+
+
+def batch_from_proto(message: common_pb2.Batch) -> Batch:
+    """Decodes a Batch; CodecError names the offending tensor, column or row."""
+    tensors = {
+        key: tensor_from_proto(tensor, name=f"tensors[{key!r}]")
+        for key, tensor in message.tensors.items()
+    }
+    non_tensors = {
+        key: [
+            _value_from_proto(value, f"non_tensors[{key!r}][{row}]")
+            for row, value in enumerate(column.values)
+        ]
+        for key, column in message.non_tensors.items()
+    }
+    meta: dict[str, Any] = {key: getattr(message.meta, key) for key in _TYPED_META_KEYS}
+    meta.update(
+        (key, _value_from_proto(value, f"meta[{key!r}]"))
+        for key, value in message.meta.extra.items()
+    )
+    try:
+        return Batch(tensors=tensors, non_tensors=non_tensors, meta=meta)
+    except ValueError as error:
+        raise CodecError(f"batch: {error}") from error
+
+
+def metrics_to_proto(metrics: Mapping[str, float | torch.Tensor]) -> dict[str, float]:
+    """Turns a metrics dict (floats or 0-dim tensors) into a proto map<string, double>."""
+    return {key: float(value) for key, value in metrics.items()}

@@ -1,0 +1,1040 @@
+"""PPO math for language models, as pure functions.
+
+Everything the trainer and the actor/critic services compute *about* a batch lives
+here: masked statistics, KL estimators and the KL-in-reward penalty, KL-coefficient
+controllers, advantage estimators (GAE, GRPO, RLOO, REINFORCE++), entropy, loss
+aggregation and the clipped policy / value losses.
+
+Notation::
+
+    B            batch of sequences (one prompt + one sampled response per row)
+    T            padded response length
+    V            vocabulary size
+    G            number of prompt groups (samples of the same prompt share a group id)
+    response_mask  (B, T), 1 for response tokens, 0 elsewhere; bool, int or float.
+                   May hold left padding, right padding or gaps (e.g. tool output
+                   inside a multi-turn response).
+    logprob      (B, T) log π_θ(token | prefix) in nats, current policy (with grad)
+    old_logprob  (B, T) the same under the policy that generated the batch
+    ref_logprob  (B, T) the same under the frozen reference policy
+    score        (B,) one outcome reward per sequence (from the reward service)
+
+Design choices:
+
+- Inputs are tensors and floats; outputs are tensors plus, where useful, a metrics
+  dict of detached 0-dim tensors. No ``.item()``, no logging, no distributed calls:
+  the caller decides when to sync and what to reduce across ranks.
+- Entries outside the mask may hold anything (padding garbage, even inf/nan); every
+  function selects with ``torch.where`` so they never reach a result, and every
+  (B, T) output is exactly 0 outside the mask.
+- A check that needs the data (an all-empty mask) is a host sync; it is done only
+  where the result would otherwise be undefined (a mean or variance over nothing).
+- Advantage estimators run under ``torch.no_grad()``: advantages and returns are
+  targets, never differentiated through.
+- Deviations from VeRL, on purpose: a prompt group of size 1 gets advantage 0 in
+  GRPO, RLOO and REINFORCE++-baseline (one sample carries no relative signal; VeRL
+  passes its raw score through); REINFORCE++ skips mask gaps the way GAE does
+  (VeRL restarts the return at a gap).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "AdaptiveKLController",
+    "AdvantageEstimator",
+    "FixedKLController",
+    "aggregate_loss",
+    "compute_gae_advantages_returns",
+    "entropy_from_logits",
+    "get_advantage_estimator",
+    "grpo_advantages",
+    "kl_loss",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "needs_critic",
+    "needs_group_ids",
+    "policy_loss",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "rloo_advantages",
+    "token_rewards_with_kl_penalty",
+    "value_loss",
+]
+
+# Log-ratios are clamped to ±20 nats before exp(): e^20 ≈ 5e8 still fits fp16/bf16
+# ranges after multiplication by small advantages, and a real policy step never moves
+# a token's log-prob that far, so the clamp only guards against overflow.
+_LOG_RATIO_CLAMP = 20.0
+# VeRL's bound for the k3 estimate: it is non-negative but unbounded, and a handful of
+# tokens with a huge ratio would otherwise dominate the batch KL.
+_K3_CLAMP = 10.0
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    """Raise ValueError unless all named tensors have the same shape."""
+    (first_name, first), *rest = tensors.items()
+    for name, tensor in rest:
+        if tensor.shape != first.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)} but {first_name} has shape "
+                f"{tuple(first.shape)}; they must be equal"
+            )
+
+
+def _check_2d(name: str, tensor: Tensor) -> None:
+    if tensor.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(tensor.shape)}")
+
+
+def _check_groups(scores: Tensor, group_ids: Tensor, response_mask: Tensor) -> None:
+    """Validate the (B,) / (B,) / (B, T) inputs of the outcome estimators."""
+    if scores.dim() != 1:
+        raise ValueError(f"scores must have shape (B,), got {tuple(scores.shape)}")
+    _check_same_shape(scores=scores, group_ids=group_ids)
+    if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    _check_2d("response_mask", response_mask)
+    if response_mask.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"response_mask has {response_mask.shape[0]} rows but scores has "
+            f"{scores.shape[0]} entries; they must be equal"
+        )
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+# ----------------------------------------------------------------- masked statistics
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``values`` where ``mask`` is 1.
+
+    Args:
+        values: Any shape.
+        mask: Same shape as ``values``; 0/1 (bool, int or float).
+        dim: Dimension to reduce; ``None`` reduces everything to a 0-dim tensor.
+
+    Returns:
+        The masked sum. Shape: ``values.shape`` without ``dim`` (0-dim if ``None``).
+
+    Raises:
+        ValueError: If shapes differ.
+    """
+    _check_same_shape(values=values, mask=mask)
+    # where() rather than multiply: 0 * inf would be nan for garbage outside the mask
+    selected = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return selected.sum() if dim is None else selected.sum(dim=dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` over the entries where ``mask`` is 1.
+
+    Args:
+        values: Any shape.
+        mask: Same shape as ``values``; 0/1 (bool, int or float).
+        dim: Dimension to reduce; ``None`` reduces everything to a 0-dim tensor.
+
+    Returns:
+        The masked mean. Shape: ``values.shape`` without ``dim`` (0-dim if ``None``).
+        With ``dim`` given, a slice with no valid entry has mean 0 (e.g. a padding row).
+
+    Raises:
+        ValueError: If shapes differ, or ``dim`` is ``None`` and the mask is all zero.
+    """
+    total = masked_sum(values, mask, dim)
+    if dim is None:
+        count = mask.bool().sum()
+        if not bool(count > 0):
+            raise ValueError("masked_mean: the mask is all zero, the mean is undefined")
+        # plain mean over the valid entries
+        return total / count
+    count = mask.bool().sum(dim=dim)
+    # clamp the count so empty slices give 0 / 1 = 0 instead of nan
+    return total / count.clamp(min=1)
+
+
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of ``values`` over all entries where ``mask`` is 1.
+
+    Args:
+        values: Any shape.
+        mask: Same shape as ``values``; 0/1 (bool, int or float).
+        unbiased: Apply Bessel's correction (divide by n - 1 instead of n).
+
+    Returns:
+        The masked variance. Shape: () (0-dim).
+
+    Raises:
+        ValueError: If shapes differ, or fewer than 2 (unbiased) / 1 valid entries.
+    """
+    _check_same_shape(values=values, mask=mask)
+    count = mask.bool().sum()
+    needed = 2 if unbiased else 1
+    if not bool(count >= needed):
+        raise ValueError(
+            f"masked_var: needs at least {needed} valid entries "
+            f"({'unbiased' if unbiased else 'biased'}), the mask has {int(count)}"
+        )
+    mean = masked_mean(values, mask)
+    # squared deviations from the masked mean, summed over valid entries only
+    sum_sq = masked_sum((values - mean) ** 2, mask)
+    # Bessel's correction: n - 1 degrees of freedom remain after estimating the mean
+    return sum_sq / (count - 1 if unbiased else count)
+
+
+def masked_whiten(
+    values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> Tensor:
+    """Normalise ``values`` to unit variance (and zero mean) over the mask.
+
+    Args:
+        values: Any shape.
+        mask: Same shape as ``values``; 0/1 (bool, int or float).
+        shift_mean: If False, the masked mean is added back (only the scale changes).
+        eps: Added to the variance before the square root.
+
+    Returns:
+        Whitened values, 0 outside the mask. Shape: ``values.shape``.
+
+    Raises:
+        ValueError: If shapes differ or the mask has fewer than 2 valid entries.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask, unbiased=True)
+    # (x - μ) / σ over the valid entries
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        # keep the original mean, rescale only (used when the sign of the mean matters)
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
+
+
+# ---------------------------------------------------------------------------- KL
+
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "mse", "k3", "low_var_kl", "abs")
+"""Names accepted by :func:`kl_penalty` ("mse" = "k2", "low_var_kl" = "k3")."""
+
+
+def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from sampled tokens' log-probs.
+
+    Tokens are sampled from π, so with log_ratio = logprob - ref_logprob
+    (Schulman, "Approximating KL divergence", 2020):
+
+    - ``"k1"``: log_ratio. Unbiased, high variance, can be negative.
+    - ``"k2"`` / ``"mse"``: 0.5 * log_ratio². Biased, low variance, >= 0.
+    - ``"k3"`` / ``"low_var_kl"``: exp(-log_ratio) + log_ratio - 1. Unbiased, >= 0,
+      low variance; clamped to [-10, 10] like VeRL.
+    - ``"abs"``: |log_ratio|.
+
+    Args:
+        logprob: Log-probs under the current (or old) policy, nats. Shape: (B, T).
+        ref_logprob: Log-probs under the reference policy, nats. Shape: (B, T).
+        kind: One of :data:`KL_KINDS`.
+
+    Returns:
+        Per-token KL estimate in nats (not masked). Shape: (B, T).
+
+    Raises:
+        ValueError: On a shape mismatch or an unknown ``kind``.
+    """
+    _check_same_shape(logprob=logprob, ref_logprob=ref_logprob)
+    log_ratio = logprob - ref_logprob
+    if kind == "k1":
+        # log π/π_ref: its expectation under π is exactly the KL
+        return log_ratio
+    if kind in ("k2", "mse"):
+        # half squared log-ratio: matches KL to second order, never negative
+        return 0.5 * log_ratio.square()
+    if kind in ("k3", "low_var_kl"):
+        # r = π_ref/π; clamp log r so exp() cannot overflow on outlier tokens
+        log_r = torch.clamp(-log_ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        # r - log r - 1 >= 0 with E_π[r] = 1, so it is unbiased with lower variance
+        k3 = torch.exp(log_r) - log_r - 1
+        # bound outliers so a few tokens cannot dominate the batch KL
+        return torch.clamp(k3, -_K3_CLAMP, _K3_CLAMP)
+    if kind == "abs":
+        # |log π/π_ref|: a biased but robust magnitude
+        return log_ratio.abs()
+    raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+
+
+def token_rewards_with_kl_penalty(
+    scores: Tensor, token_kl: Tensor, response_mask: Tensor, kl_coef: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Token-level rewards: ``-β·KL`` on every response token plus the score at the end.
+
+    This is the RLHF reward of Ziegler et al. (2019) / InstructGPT: the outcome score
+    is credited to the last response token of each sequence, and every response token
+    pays ``kl_coef * token_kl`` for drifting from the reference policy.
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        token_kl: Per-token KL estimate (see :func:`kl_penalty`), nats. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        kl_coef: β, reward units per nat of KL (>= 0).
+
+    Returns:
+        ``(token_rewards, metrics)``. ``token_rewards`` Shape: (B, T), 0 outside the
+        mask; a row with no response token gets no score. ``metrics``:
+
+        - ``"kl_mean"``: mean per-token KL over all response tokens (nats/token).
+        - ``"kl_seq_sum_mean"``: mean over sequences of the summed KL (nats/sequence).
+        - ``"kl_coef"``: β as a tensor.
+
+        Feed an adaptive controller the one whose unit matches its target.
+
+    Raises:
+        ValueError: On bad shapes, a negative ``kl_coef`` or an all-zero mask.
+    """
+    _check_2d("token_kl", token_kl)
+    _check_same_shape(token_kl=token_kl, response_mask=response_mask)
+    if scores.shape != token_kl.shape[:1]:
+        raise ValueError(
+            f"scores must have shape (B,) = ({token_kl.shape[0]},), got {tuple(scores.shape)}"
+        )
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    mask = response_mask.bool()
+    num_tokens = token_kl.shape[1]
+    # KL outside the mask is padding: it must neither be penalised nor averaged
+    kl = torch.where(mask, token_kl, torch.zeros_like(token_kl))
+    # every response token pays β·KL
+    token_rewards = -kl_coef * kl
+    # index of the last response token: the largest position whose mask is 1
+    positions = torch.arange(num_tokens, device=mask.device).expand_as(mask)
+    last_index = torch.where(mask, positions, torch.zeros_like(positions)).amax(dim=1)
+    # a row with no response token has nowhere to put its score
+    has_response = mask.any(dim=1)
+    placed_scores = torch.where(has_response, scores.to(token_rewards.dtype), 0.0)
+    # the outcome score is credited once, at the end of the response
+    token_rewards = token_rewards.scatter_add(1, last_index[:, None], placed_scores[:, None])
+    metrics = {
+        "kl_mean": masked_mean(kl, mask).detach(),
+        "kl_seq_sum_mean": kl.sum(dim=1).mean().detach(),
+        "kl_coef": torch.tensor(float(kl_coef), device=kl.device),
+    }
+    return token_rewards, metrics
+
+
+class FixedKLController:
+    """A constant KL coefficient β.
+
+    Args:
+        kl_coef: β, reward units per nat (>= 0).
+    """
+
+    def __init__(self, kl_coef: float) -> None:
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Does nothing: β stays fixed. Same signature as the adaptive controller."""
+        del current_kl, n_steps
+
+    def state_dict(self) -> dict[str, float]:
+        """The state to checkpoint: ``{"value": β}``."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore β from :meth:`state_dict` output."""
+        self.value = _value_from_state(state)
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient of Ziegler et al. (2019), "Fine-Tuning LMs from Human Prefs".
+
+    β is steered so the observed KL tracks ``target_kl``::
+
+        e = clip(current_kl / target_kl - 1, -0.2, 0.2)
+        β ← β · (1 + e · n_steps / horizon)
+
+    Args:
+        init_kl_coef: Initial β (> 0; β only ever scales, so 0 would stay 0).
+        target_kl: KL to track, in the same unit as the ``current_kl`` you feed
+            (e.g. nats per sequence, as in the paper, or nats per token).
+        horizon: Number of samples over which the error is corrected (> 0).
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float) -> None:
+        if init_kl_coef <= 0:
+            raise ValueError(f"init_kl_coef must be > 0, got {init_kl_coef}")
+        if target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0, got {target_kl}")
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        self.value = float(init_kl_coef)
+        self.target_kl = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Move β towards the value that keeps KL at target.
+
+        Args:
+            current_kl: KL measured on the last batch (unit of ``target_kl``).
+            n_steps: Samples in that batch (>= 0).
+        """
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+        # proportional error, clipped so one odd batch cannot swing β by more than 20%
+        error = min(max(float(current_kl) / self.target_kl - 1.0, -0.2), 0.2)
+        # multiplicative update, scaled by how much of the horizon this batch covers
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        """The state to checkpoint: ``{"value": β}`` (target and horizon come from config)."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore β from :meth:`state_dict` output."""
+        self.value = _value_from_state(state)
+
+
+def _value_from_state(state: dict[str, float]) -> float:
+    if "value" not in state:
+        raise ValueError(f"KL controller state needs a 'value' key, got keys {sorted(state)}")
+    return float(state["value"])
+
+
+# -------------------------------------------------------------------- advantages
+
+
+@torch.no_grad()
+def compute_gae_advantages_returns(
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float,
+    lam: float,
+    whiten_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al., 2016) over response tokens.
+
+    Only tokens inside the mask are steps of the episode: a token outside it neither
+    adds reward nor is bootstrapped through, so "the next value" of a token is the
+    value of the next *valid* token (0 after the last one: the episode ends there).
+    Gaps and padding on either side are therefore handled exactly.
+
+    Args:
+        token_rewards: Reward per token. Shape: (B, T).
+        values: Critic value per token (V(s_t) before token t is emitted). Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        gamma: Discount per valid token, in [0, 1].
+        lam: GAE λ, in [0, 1] (0 = one-step TD, 1 = Monte Carlo).
+        whiten_advantages: Whiten advantages over the mask (the returns are not).
+
+    Returns:
+        ``(advantages, returns)``, both Shape: (B, T) and 0 outside the mask;
+        ``returns = advantages (before whitening) + values`` (the critic's target).
+
+    Raises:
+        ValueError: On bad shapes or gamma/lam outside [0, 1].
+    """
+    _check_2d("token_rewards", token_rewards)
+    _check_same_shape(token_rewards=token_rewards, values=values, response_mask=response_mask)
+    _check_unit_interval("gamma", gamma)
+    _check_unit_interval("lam", lam)
+    mask = response_mask.bool()
+    batch_size, num_tokens = token_rewards.shape
+    dtype = torch.promote_types(token_rewards.dtype, values.dtype)
+    next_value = torch.zeros(batch_size, dtype=dtype, device=values.device)
+    last_gae = torch.zeros(batch_size, dtype=dtype, device=values.device)
+    advantages = torch.zeros(batch_size, num_tokens, dtype=dtype, device=values.device)
+    for t in reversed(range(num_tokens)):
+        valid = mask[:, t]
+        # TD error: reward + discounted value of the next valid token - this value
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        # GAE recursion A_t = δ_t + γλ·A_{t+1}, A_{t+1} being the next valid token's
+        gae = delta + gamma * lam * last_gae
+        # invalid tokens leave the running state untouched: gaps are skipped over
+        last_gae = torch.where(valid, gae, last_gae)
+        next_value = torch.where(valid, values[:, t].to(dtype), next_value)
+        advantages[:, t] = torch.where(valid, gae, torch.zeros_like(gae))
+    # the critic's regression target: A + V = λ-return
+    returns = torch.where(mask, advantages + values, torch.zeros_like(advantages))
+    if whiten_advantages:
+        # batch-level normalisation keeps the policy step size independent of reward scale
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns
+
+
+def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary integer ids to 0..G-1. Returns (index (B,), G)."""
+    unique_ids, index = torch.unique(group_ids, return_inverse=True)
+    return index, unique_ids.numel()
+
+
+def _group_sum(values: Tensor, index: Tensor, num_groups: int) -> Tensor:
+    """Sum ``values`` (B,) per group, broadcast back to each sample. Shape: (B,)."""
+    sums = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    return sums.index_add(0, index, values)[index]
+
+
+def _outcome_scores(scores: Tensor) -> Tensor:
+    """Scores as floating point (ints and bools become float32)."""
+    return scores if scores.is_floating_point() else scores.float()
+
+
+def _broadcast_over_mask(per_sequence: Tensor, response_mask: Tensor) -> Tensor:
+    """Spread one value per sequence over its response tokens. (B,) -> (B, T)."""
+    expanded = per_sequence[:, None].expand(response_mask.shape)
+    return torch.where(response_mask.bool(), expanded, torch.zeros_like(expanded))
+
+
+@torch.no_grad()
+def grpo_advantages(
+    scores: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    normalize_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """GRPO outcome advantages (Shao et al., 2024): score relative to its prompt group.
+
+    ``A_i = (s_i - mean_g) / (std_g + eps)`` with the unbiased std of the group, or
+    ``s_i - mean_g`` when ``normalize_by_std`` is False (Dr. GRPO). A group of size 1
+    gets advantage 0.
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        normalize_by_std: Divide by the group's standard deviation.
+        eps: Added to the std (a group with equal scores then gets 0, not nan).
+
+    Returns:
+        The sequence advantage on each of its response tokens. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes or non-integer ``group_ids``.
+    """
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    # group mean: the baseline shared by all samples of one prompt
+    mean = _group_sum(scores, index, num_groups) / count
+    centred = scores - mean
+    if normalize_by_std:
+        # unbiased group std; n - 1 is clamped so singletons do not divide by 0
+        std = torch.sqrt(_group_sum(centred.square(), index, num_groups) / (count - 1).clamp(min=1))
+        # scale-free advantage: how many group stds above the group mean
+        centred = centred / (std + eps)
+    # one sample has nothing to be compared with
+    advantages = torch.where(count > 1, centred, torch.zeros_like(centred))
+    return _broadcast_over_mask(advantages, response_mask)
+
+
+@torch.no_grad()
+def rloo_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
+    """REINFORCE leave-one-out advantages (Ahmadian et al., 2024).
+
+    ``A_i = s_i - mean of the other samples in i's group``; a group of size 1 gets 0.
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+
+    Returns:
+        The sequence advantage on each of its response tokens. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes or non-integer ``group_ids``.
+    """
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    total = _group_sum(scores, index, num_groups)
+    # baseline = mean of the n - 1 other samples (independent of s_i, so unbiased)
+    baseline = (total - scores) / (count - 1).clamp(min=1)
+    # a singleton has no other sample to form a baseline
+    advantages = torch.where(count > 1, scores - baseline, torch.zeros_like(scores))
+    return _broadcast_over_mask(advantages, response_mask)
+
+
+@torch.no_grad()
+def reinforce_plus_plus_baseline_advantages(
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor
+) -> Tensor:
+    """REINFORCE++ with a group-mean baseline (VeRL's "reinforce_plus_plus_baseline").
+
+    The group mean is subtracted from each score (a singleton becomes 0), the result is
+    spread over the response tokens and whitened over all response tokens of the batch
+    (so longer responses weigh more in the statistics).
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+
+    Returns:
+        Whitened advantages, 0 outside the mask. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes, non-integer ``group_ids`` or < 2 response tokens.
+    """
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    # subtract the prompt's mean score: removes prompt difficulty from the signal
+    centred = scores - _group_sum(scores, index, num_groups) / count
+    # batch-wide whitening over tokens, as in REINFORCE++ (Hu, 2025)
+    return masked_whiten(_broadcast_over_mask(centred, response_mask), response_mask)
+
+
+@torch.no_grad()
+def reinforce_plus_plus_advantages(
+    token_rewards: Tensor, response_mask: Tensor, gamma: float
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu, 2025): discounted returns-to-go, whitened over the batch.
+
+    ``G_t = r_t + γ·G_{t'}`` where t' is the next valid token; tokens outside the mask
+    are skipped (their reward is ignored, and they do not discount).
+
+    Args:
+        token_rewards: Reward per token (score and KL penalty). Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        gamma: Discount per valid token, in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, both Shape: (B, T), 0 outside the mask;
+        advantages are the whitened returns.
+
+    Raises:
+        ValueError: On bad shapes, gamma outside [0, 1] or < 2 response tokens.
+    """
+    _check_2d("token_rewards", token_rewards)
+    _check_same_shape(token_rewards=token_rewards, response_mask=response_mask)
+    _check_unit_interval("gamma", gamma)
+    mask = response_mask.bool()
+    batch_size, num_tokens = token_rewards.shape
+    running = torch.zeros(batch_size, dtype=token_rewards.dtype, device=token_rewards.device)
+    returns = torch.zeros_like(token_rewards)
+    for t in reversed(range(num_tokens)):
+        valid = mask[:, t]
+        # return-to-go: this reward plus the discounted return of the next valid token
+        running = torch.where(valid, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(valid, running, torch.zeros_like(running))
+    # whitening across the batch is REINFORCE++'s substitute for a critic baseline
+    return masked_whiten(returns, mask), returns
+
+
+class AdvantageEstimator(Protocol):
+    """Uniform signature of the entries of :data:`ADVANTAGE_ESTIMATORS`.
+
+    Every estimator takes the token rewards (outcome estimators use their masked sum
+    per sequence as the score) and returns ``(advantages, returns)``, Shape: (B, T)
+    each; estimators without a critic return the advantages as returns.
+    ``normalize_advantages`` means: "gae": whiten advantages; "grpo": divide by the
+    group std; ignored by the others. Arguments an estimator does not need are ignored.
+    """
+
+    def __call__(
+        self,
+        token_rewards: Tensor,
+        response_mask: Tensor,
+        *,
+        values: Tensor | None = None,
+        group_ids: Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        normalize_advantages: bool = True,
+    ) -> tuple[Tensor, Tensor]: ...
+
+
+def _require(name: str, estimator: str, tensor: Tensor | None) -> Tensor:
+    if tensor is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs {name}")
+    return tensor
+
+
+def _sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """Outcome score per sequence = sum of its token rewards. (B, T) -> (B,)."""
+    return masked_sum(token_rewards, response_mask, dim=1)
+
+
+def _gae_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
+    del group_ids
+    return compute_gae_advantages_returns(
+        token_rewards,
+        _require("values", "gae", values),
+        response_mask,
+        gamma,
+        lam,
+        whiten_advantages=normalize_advantages,
+    )
+
+
+def _grpo_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
+    del values, gamma, lam
+    advantages = grpo_advantages(
+        _sequence_scores(token_rewards, response_mask),
+        _require("group_ids", "grpo", group_ids),
+        response_mask,
+        normalize_by_std=normalize_advantages,
+    )
+    return advantages, advantages
+
+
+def _rloo_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
+    del values, gamma, lam, normalize_advantages
+    advantages = rloo_advantages(
+        _sequence_scores(token_rewards, response_mask),
+        _require("group_ids", "rloo", group_ids),
+        response_mask,
+    )
+    return advantages, advantages
+
+
+def _reinforce_plus_plus_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
+    del values, group_ids, lam, normalize_advantages
+    return reinforce_plus_plus_advantages(token_rewards, response_mask, gamma)
+
+
+def _reinforce_plus_plus_baseline_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
+    del values, gamma, lam, normalize_advantages
+    advantages = reinforce_plus_plus_baseline_advantages(
+        _sequence_scores(token_rewards, response_mask),
+        _require("group_ids", "reinforce_plus_plus_baseline", group_ids),
+        response_mask,
+    )
+    return advantages, advantages
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "gae": _gae_estimator,
+    "grpo": _grpo_estimator,
+    "rloo": _rloo_estimator,
+    "reinforce_plus_plus": _reinforce_plus_plus_estimator,
+    "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline_estimator,
+}
+"""Advantage estimators by config name, all with the :class:`AdvantageEstimator` signature."""
+
+_NEEDS_CRITIC = frozenset({"gae"})
+_NEEDS_GROUP_IDS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+
+
+def _check_estimator_name(name: str) -> None:
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid choices: "
+            f"{', '.join(ADVANTAGE_ESTIMATORS)}"
+        )
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name``; ValueError naming the valid choices if none."""
+    _check_estimator_name(name)
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+def needs_critic(name: str) -> bool:
+    """Whether estimator ``name`` needs critic values (so a critic service must run)."""
+    _check_estimator_name(name)
+    return name in _NEEDS_CRITIC
+
+
+def needs_group_ids(name: str) -> bool:
+    """Whether estimator ``name`` compares samples of the same prompt (n > 1 per prompt)."""
+    _check_estimator_name(name)
+    return name in _NEEDS_GROUP_IDS
+
+
+# ------------------------------------------------------------------------ losses
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical distribution at each position, in nats.
+
+    ``H = logsumexp(z) - Σ softmax(z)·z``: no log of a probability is taken, so it is
+    stable for large logits; ``-inf`` logits (masked vocabulary) contribute 0.
+
+    Args:
+        logits: Unnormalised log-probs. Shape: (B, T, V) (any leading dims).
+
+    Returns:
+        Entropy per position. Shape: (B, T).
+    """
+    probs = torch.softmax(logits, dim=-1)
+    # -inf logits have probability 0; zero them so 0·(-inf) does not give nan
+    finite_logits = torch.where(torch.isneginf(logits), torch.zeros_like(logits), logits)
+    # H = -Σ p·log p = -Σ p·(z - logsumexp z) = logsumexp z - Σ p·z
+    return torch.logsumexp(logits, dim=-1) - (probs * finite_logits).sum(dim=-1)
+
+
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+"""Names accepted by :func:`aggregate_loss`."""
+
+
+def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, mode: str) -> Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    - ``"token-mean"``: mean over all response tokens of the batch (every token
+      weighs the same; DAPO's choice).
+    - ``"seq-mean-token-sum"``: sum over each sequence's tokens, mean over sequences.
+    - ``"seq-mean-token-mean"``: mean over each sequence's tokens, mean over
+      sequences (every sequence weighs the same; the original GRPO).
+
+    Sequences without any response token (padding rows) are left out of the
+    sequence means. The mean is over this call's tokens/sequences: a trainer that
+    accumulates gradients over micro-batches scales accordingly.
+
+    Args:
+        loss_mat: Per-token loss. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        mode: One of :data:`LOSS_AGG_MODES`.
+
+    Returns:
+        The loss. Shape: () (0-dim).
+
+    Raises:
+        ValueError: On bad shapes, an unknown ``mode`` or an all-zero mask.
+    """
+    _check_2d("loss_mat", loss_mat)
+    _check_same_shape(loss_mat=loss_mat, response_mask=response_mask)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(
+            f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
+        )
+    if mode == "token-mean":
+        return masked_mean(loss_mat, response_mask)
+    # one value per sequence: token sum or token mean
+    if mode == "seq-mean-token-sum":
+        per_sequence = masked_sum(loss_mat, response_mask, dim=1)
+    else:
+        per_sequence = masked_mean(loss_mat, response_mask, dim=1)
+    # average over the sequences that have at least one response token
+    return masked_mean(per_sequence, response_mask.bool().any(dim=1))
+
+
+def policy_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_dual: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate loss (Schulman et al., 2017) with dual clip (Ye et al., 2020).
+
+    With ratio ρ = π_θ/π_old per token::
+
+        L = max(-A·ρ, -A·clip(ρ, 1 - ε_low, 1 + ε_high))
+        L = min(L, -A·c)   where A < 0   (dual clip, c = clip_ratio_dual > 1)
+
+    The dual clip bounds the loss of tokens with negative advantage whose ratio has
+    grown huge (stale samples), which the plain clip leaves unbounded.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: ε_low, the ratio is clipped below at 1 - ε_low.
+        clip_ratio_high: ε_high, the ratio is clipped above at 1 + ε_high (DAPO's
+            "clip-higher" sets it larger than ε_low).
+        clip_ratio_dual: c > 1, or ``None`` to disable the dual clip.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)``; ``loss`` Shape: (). ``metrics`` (detached, 0-dim):
+
+        - ``"pg_loss"``: the loss.
+        - ``"pg_clipfrac"``: fraction of response tokens where the ε clip is active.
+        - ``"ppo_kl"``: approx. KL(π_old ‖ π_θ) = masked mean of old - new log-prob.
+        - ``"pg_clipfrac_lower"``: fraction of response tokens where the dual clip is
+          active (0 when disabled).
+
+    Raises:
+        ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
+    """
+    _check_2d("logprob", logprob)
+    _check_same_shape(
+        logprob=logprob,
+        old_logprob=old_logprob,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+    if not 0 <= clip_ratio_low < 1:
+        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low}")
+    if clip_ratio_high < 0:
+        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high}")
+    if clip_ratio_dual is not None and clip_ratio_dual <= 1:
+        raise ValueError(f"clip_ratio_dual must be > 1 (or None), got {clip_ratio_dual}")
+    mask = response_mask.bool()
+    # log ρ, clamped so exp() cannot overflow on garbage or wildly stale tokens
+    log_ratio = torch.clamp(logprob - old_logprob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    # first-order estimate of KL(π_old ‖ π_θ) from samples of π_old
+    ppo_kl = masked_mean(-log_ratio, mask)
+    # unclipped surrogate, negated so that minimising it ascends the objective
+    unclipped = -advantages * ratio
+    # surrogate with ρ kept in the trust region [1 - ε_low, 1 + ε_high]
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    # pessimistic bound: take the larger loss (= smaller objective)
+    losses = torch.maximum(unclipped, clipped)
+    clipfrac = masked_mean((clipped > unclipped).to(logprob.dtype), mask)
+    if clip_ratio_dual is None:
+        clipfrac_lower = torch.zeros((), dtype=logprob.dtype, device=logprob.device)
+    else:
+        # dual clip: for A < 0 the loss -A·ρ grows without bound in ρ; cap it at -A·c
+        dual_bound = -advantages * clip_ratio_dual
+        negative = advantages < 0
+        clipfrac_lower = masked_mean(((losses > dual_bound) & negative).to(logprob.dtype), mask)
+        losses = torch.where(negative, torch.minimum(losses, dual_bound), losses)
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    metrics = {
+        "pg_loss": loss.detach(),
+        "pg_clipfrac": clipfrac.detach(),
+        "ppo_kl": ppo_kl.detach(),
+        "pg_clipfrac_lower": clipfrac_lower.detach(),
+    }
+    return loss, metrics
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_range: float = 0.2,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss: ``0.5·max((V - R)², (clip(V, V_old ± ε) - R)²)``.
+
+    Args:
+        values: Current critic predictions (with grad). Shape: (B, T).
+        old_values: Predictions when the batch was made. Shape: (B, T).
+        returns: Targets (see :func:`compute_gae_advantages_returns`). Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_range: ε, in value units (>= 0); predictions move at most ε from
+            ``old_values`` before the clipped term takes over.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)``; ``loss`` Shape: (). ``metrics`` (detached, 0-dim):
+        ``"vf_loss"`` (the loss) and ``"vf_clipfrac"`` (fraction of response tokens
+        where the clipped term is the larger one).
+
+    Raises:
+        ValueError: On bad shapes, a negative ``clip_range``, an unknown mode or an
+            empty mask.
+    """
+    _check_2d("values", values)
+    _check_same_shape(
+        values=values, old_values=old_values, returns=returns, response_mask=response_mask
+    )
+    if clip_range < 0:
+        raise ValueError(f"clip_range must be >= 0, got {clip_range}")
+    mask = response_mask.bool()
+    # keep the new prediction within ε of the one the advantages were computed with
+    clipped_values = torch.clamp(values, old_values - clip_range, old_values + clip_range)
+    unclipped_error = (values - returns).square()
+    clipped_error = (clipped_values - returns).square()
+    # pessimistic: the larger error, so clipping never rewards a big jump
+    losses = torch.maximum(unclipped_error, clipped_error)
+    # the 0.5 makes the gradient (V - R), the usual squared-error convention
+    loss = 0.5 * aggregate_loss(losses, mask, loss_agg_mode)
+    clipfrac = masked_mean((clipped_error > unclipped_error).to(values.dtype), mask)
+    return loss, {"vf_loss": loss.detach(), "vf_clipfrac": clipfrac.detach()}
+
+
+def kl_loss(
+    logprob: Tensor,
+    ref_logprob: Tensor,
+    response_mask: Tensor,
+    *,
+    kind: str = "low_var_kl",
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL(π_θ ‖ π_ref) as a loss term (GRPO's anchor, instead of KL in the reward).
+
+    Args:
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        ref_logprob: Log-probs under the reference policy. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        kind: A :func:`kl_penalty` kind; "low_var_kl" (k3) is the usual choice.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)``; ``loss`` Shape: (), in nats (the caller multiplies by its
+        coefficient). ``metrics``: ``"kl_loss"`` (detached, 0-dim).
+
+    Raises:
+        ValueError: On bad shapes, an unknown kind or mode, or an empty mask.
+    """
+    _check_same_shape(logprob=logprob, ref_logprob=ref_logprob, response_mask=response_mask)
+    # per-token KL estimate, aggregated like the policy loss it is added to
+    loss = aggregate_loss(kl_penalty(logprob, ref_logprob, kind), response_mask, loss_agg_mode)
+    return loss, {"kl_loss": loss.detach()}
+
