@@ -84,8 +84,7 @@ def tensor_from_proto(message: common_pb2.Tensor, name: str = "tensor") -> torch
     data = message.data
     if len(data) != expected_bytes:
         raise CodecError(
-            f"{name}.data: shape {shape} of {dtype} needs {expected_bytes} bytes, "
-            f"got {len(data)}"
+            f"{name}.data: shape {shape} of {dtype} needs {expected_bytes} bytes, got {len(data)}"
         )
     if expected_bytes == 0:
         return torch.empty(shape, dtype=dtype)

@@ -13,7 +13,7 @@ Every problem surfaces as one `ConfigError` that lists each offending field by i
 path, what is wrong and, where we can tell, the fix:
 
     actor.ppo_mini_batch_prompts: must divide trainer.prompts_per_step (256); got 100 ...
-    unknown field 'actor.lr_rate' — did you mean 'actor.lr'?
+    actor.lr_rate: unknown field — did you mean 'actor.lr'?
 
 Validators that check several fields raise `ConfigError` themselves, with paths relative to
 the model they live on; `validate_config` re-roots them under the model's own path.
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
+import pydantic_core
 import yaml
 from pydantic import ConfigDict
 
@@ -137,9 +138,16 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that quotes strings `_Loader` would read as something else ('1e-3')."""
+
+
+_Dumper.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
+
+
 def _parse_yaml(text: str, where: str) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML: {e}") from None
 
@@ -208,8 +216,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
                 where = ".".join(parts[: i + 1])
                 raise ConfigError(
                     where,
-                    f"is {child!r}, not a mapping, so override {item!r} cannot set a key "
-                    "inside it",
+                    f"is {child!r}, not a mapping, so override {item!r} cannot set a key inside it",
                 )
             node = child
         node[parts[-1]] = value
@@ -230,9 +237,21 @@ def validate_config(model_cls: type[M], data: Any) -> M:
 
 def dump_config(model: ConfigModel) -> str:
     """The config as YAML text; `load_config` of that text gives an equal config."""
-    return yaml.safe_dump(
-        model.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100
+    return yaml.dump(
+        _plain(model.model_dump()), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100
     )
+
+
+def _plain(value: Any) -> Any:
+    """Data YAML can write: containers as dict/list, scalars as is (inf stays inf, unlike
+    pydantic's JSON mode, which writes null), anything else as pydantic's JSON form."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return pydantic_core.to_jsonable_python(value)
 
 
 # --- validation errors ------------------------------------------------------------------
@@ -249,7 +268,7 @@ def _to_config_error(model_cls: type[pydantic.BaseModel], e: pydantic.Validation
             for path, msg in inner.issues:
                 issues.append((".".join(p for p in (where, path) if p), msg))
         elif err["type"] == "extra_forbidden":
-            issues.append(("", _unknown_field_message(model_cls, loc)))
+            issues.append((where, _unknown_field_message(model_cls, loc)))
         elif err["type"] in ("value_error", "assertion_error"):
             issues.append((where, str(inner) if inner is not None else err["msg"]))
         else:
@@ -273,20 +292,19 @@ def _short_repr(value: Any, limit: int = 60) -> str:
 
 
 def _unknown_field_message(root: type[pydantic.BaseModel], loc: tuple) -> str:
-    path, key = _dotted(loc), str(loc[-1])
-    parent = _dotted(loc[:-1])
+    key, parent = str(loc[-1]), _dotted(loc[:-1])
     model = _model_at(root, loc[:-1])
     names = list(model.model_fields) if model is not None else []
-    msg = f"unknown field {path!r}"
-    guess = _suggest(key, names)
-    if guess is not None:
-        return msg + f" — did you mean {'.'.join(p for p in (parent, guess) if p)!r}?"
+    msg = "unknown field"
+    # A field of that exact name in another section beats a near miss in this one.
     elsewhere = [p for p, _ in _walk_fields(root) if p.rsplit(".", 1)[-1] == key]
-    if elsewhere:
-        return msg + f" — did you mean {elsewhere[0]!r}?"
+    guess = _suggest(key, names)
+    if elsewhere or guess is not None:
+        meant = elsewhere[0] if elsewhere else ".".join(p for p in (parent, guess) if p)
+        return msg + f" — did you mean {meant!r}?"
     if names:
         where = f" of {parent!r}" if parent else ""
-        return msg + f"; valid fields{where}: " + ", ".join(names)
+        return msg + f"; the fields{where} are: " + ", ".join(names)
     return msg
 
 
@@ -384,7 +402,7 @@ def _type_name(annotation: Any) -> str:
 
 def _default_repr(field: pydantic.fields.FieldInfo) -> str:
     value = field.get_default(call_default_factory=True)
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6)
+    text = yaml.dump(value, Dumper=_Dumper, default_flow_style=True, width=10**6)
     return text.removesuffix("\n").removesuffix("\n...")
 
 

@@ -1037,4 +1037,3 @@ def kl_loss(
     # per-token KL estimate, aggregated like the policy loss it is added to
     loss = aggregate_loss(kl_penalty(logprob, ref_logprob, kind), response_mask, loss_agg_mode)
     return loss, {"kl_loss": loss.detach()}
-

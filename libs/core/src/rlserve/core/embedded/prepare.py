@@ -1,0 +1,78 @@
+"""Builds the embedded default on disk: tokenizer + warmed-up tiny Llama + task data.
+
+The result is a plain HF model directory and two jsonl files, exactly what a user would
+point rlserve at for their own model and dataset, so everything downstream (services,
+trainer) runs the same code either way.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlserve.core.embedded.evaluate import greedy_accuracy
+from rlserve.core.embedded.model import build_tiny_llama, save_model
+from rlserve.core.embedded.task import addition_rows, write_jsonl
+from rlserve.core.embedded.tokenizer import save_char_tokenizer
+from rlserve.core.embedded.warmup import supervised_warmup
+from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
+
+
+@dataclass(frozen=True)
+class EmbeddedDefault:
+    """Where the embedded default was written, and how good the warmed-up policy is."""
+
+    model_dir: Path
+    train_path: Path
+    eval_path: Path
+    warmup_accuracy: float
+    """Held-out greedy exact-match accuracy of the warmed-up model (0..1)."""
+    warmup_final_loss: float
+    warmup_s: float
+
+
+def prepare_embedded_default(
+    out_dir: Path,
+    tiny: TinyModelConfig,
+    task: ArithmeticTaskConfig,
+    seed: int,
+    max_new_tokens: int,
+    eval_prompts: int,
+) -> EmbeddedDefault:
+    """Writes out_dir/model (HF format) and out_dir/data/{train,eval}.jsonl."""
+    model_dir, data_dir = out_dir / "model", out_dir / "data"
+    tokenizer = save_char_tokenizer(model_dir)
+    model = build_tiny_llama(
+        tokenizer,
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        intermediate_size=tiny.intermediate_size,
+        seed=seed,
+    )
+    train_rows, eval_rows = addition_rows(
+        task.operand_max, task.train_pairs, task.eval_pairs, seed=seed
+    )
+    write_jsonl(train_rows, data_dir / "train.jsonl")
+    write_jsonl(eval_rows, data_dir / "eval.jsonl")
+
+    started = time.perf_counter()
+    losses = supervised_warmup(
+        model,
+        tokenizer,
+        train_rows,
+        steps=tiny.sft_steps,
+        batch_size=tiny.sft_batch_samples,
+        lr=tiny.sft_lr,
+        seed=seed,
+    )
+    warmup_s = time.perf_counter() - started
+    save_model(model, model_dir)
+    accuracy = greedy_accuracy(model, tokenizer, eval_rows[:eval_prompts], max_new_tokens)
+    return EmbeddedDefault(
+        model_dir=model_dir,
+        train_path=data_dir / "train.jsonl",
+        eval_path=data_dir / "eval.jsonl",
+        warmup_accuracy=accuracy,
+        warmup_final_loss=losses[-1] if losses else float("nan"),
+        warmup_s=warmup_s,
+    )

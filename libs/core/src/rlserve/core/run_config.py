@@ -1,0 +1,531 @@
+"""The config of one PPO / GRPO run: `RunConfig` and its sections.
+
+Defaults are the PPO recipe measured on the embedded default (DESIGN.md): a tiny Llama
+(hidden 128, 4 layers) warmed up on two-number addition, then PPO with 256 prompts × 1
+sample per step, ≤ 4 new tokens, actor lr 2e-4, critic lr 1e-3, token KL penalty 0.02
+(k1) in the reward, GAE γ=1 λ=0.95, whitened advantages, clip 0.2, 2 epochs.
+`configs/embedded_default.yaml` spells the same values out and shows GRPO's recipe.
+
+Units are in the names: `*_prompts` counts prompts, `*_samples` counts samples (one
+sample = one prompt + one response; a step has `prompts_per_step × responses_per_prompt`
+of them), `*_s` is seconds, `*_steps` counts PPO steps. Batch sizes are global (the whole
+step, across workers) unless the docstring says "per worker".
+
+Checks that involve several sections (batch divisibility, estimator needs) live on
+`RunConfig`; checks within one section live on that section, so a service that embeds a
+single section (e.g. the reward service's `RewardConfig`) gets them too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rlserve.core.config import ConfigError, ConfigModel
+
+__all__ = [
+    "EMBEDDED_DEFAULT_CONFIG_PATH",
+    "GROUP_ESTIMATORS",
+    "ActorConfig",
+    "AdvEstimator",
+    "AlgorithmConfig",
+    "ArithmeticTaskConfig",
+    "CriticConfig",
+    "DataConfig",
+    "HttpRewardConfig",
+    "KlControlConfig",
+    "KlKind",
+    "LossAggMode",
+    "ModelConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "TinyModelConfig",
+    "TracingConfig",
+    "TrainerConfig",
+    "data_format",
+]
+
+EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_default.yaml"
+"""The example config: the embedded default run with every setting written out."""
+
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+KlKind = Literal["k1", "k2", "k3", "abs"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+"""Estimators whose baseline comes from the other responses to the same prompt."""
+
+_DATA_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
+
+
+def data_format(path: str) -> Literal["jsonl", "parquet"]:
+    """The dataset format implied by a file's suffix; ValueError for any other suffix."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in _DATA_FORMATS:
+        raise ValueError(
+            f"cannot tell the format of {path!r} from its suffix {suffix or '(none)'!r}; "
+            "use a .jsonl or .parquet file"
+        )
+    return _DATA_FORMATS[suffix]  # type: ignore[return-value]
+
+
+# --- model ------------------------------------------------------------------------------
+
+
+class TinyModelConfig(ConfigModel):
+    """Shape and supervised warm-up of the embedded tiny model (used when model.path is None)."""
+
+    hidden_size: int = Field(128, ge=1)
+    """Width of the residual stream."""
+    num_layers: int = Field(4, ge=1)
+    """Number of transformer blocks."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads per block; must divide hidden_size."""
+    intermediate_size: int = Field(256, ge=1)
+    """Width of each block's MLP."""
+    sft_steps: int = Field(400, ge=0)
+    """Supervised warm-up steps on the training pairs before RL (0 = start from random)."""
+    sft_batch_samples: int = Field(128, ge=1)
+    """Samples per supervised warm-up step."""
+    sft_lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the supervised warm-up."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                "num_heads",
+                f"must divide hidden_size ({self.hidden_size}); got {self.num_heads}",
+            )
+        return self
+
+
+class ModelConfig(ConfigModel):
+    """The policy model; the reference starts as a copy and the critic from the same weights."""
+
+    path: str | None = None
+    """Local Hugging Face model directory; None builds the embedded tiny model."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of weights and compute."""
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    """The embedded tiny model; ignored when path is set."""
+
+
+# --- data -------------------------------------------------------------------------------
+
+
+class ArithmeticTaskConfig(ConfigModel):
+    """The embedded verifiable task: 'a+b=' prompts, answer checked exactly."""
+
+    operand_max: int = Field(99, ge=1)
+    """Operands a and b are drawn from 0..operand_max inclusive."""
+    train_pairs: int = Field(8000, ge=1)
+    """Distinct (a, b) pairs in the training set."""
+    eval_pairs: int = Field(2000, ge=1)
+    """Distinct held-out (a, b) pairs, disjoint from the training set."""
+
+    @model_validator(mode="after")
+    def _enough_pairs(self) -> ArithmeticTaskConfig:
+        available = (self.operand_max + 1) ** 2
+        if self.train_pairs + self.eval_pairs > available:
+            raise ConfigError(
+                "train_pairs",
+                f"train_pairs + eval_pairs ({self.train_pairs} + {self.eval_pairs}) exceed the "
+                f"{available} distinct pairs with operand_max={self.operand_max}; lower them or "
+                "raise operand_max",
+            )
+        return self
+
+
+class DataConfig(ConfigModel):
+    """Prompts and ground truths: a jsonl/parquet file, or the embedded arithmetic task."""
+
+    train_path: str | None = None
+    """Training prompts, a .jsonl or .parquet file; None uses the embedded arithmetic task."""
+    eval_path: str | None = None
+    """Held-out prompts (.jsonl/.parquet); None: the embedded task's held-out pairs when
+    train_path is None, else no evaluation."""
+    prompt_key: str = "prompt"
+    """Column (jsonl key) holding the prompt text."""
+    ground_truth_key: str = "ground_truth"
+    """Column (jsonl key) holding the reference answer passed to the reward."""
+    max_prompt_tokens: int = Field(64, ge=1)
+    """Prompts longer than this many tokens are dropped when the dataset is loaded."""
+    arithmetic: ArithmeticTaskConfig = Field(default_factory=ArithmeticTaskConfig)
+    """The embedded task; used only where train_path / eval_path is None."""
+    seed: int = 0
+    """Seed for generating the embedded task and shuffling prompts."""
+
+    @field_validator("train_path", "eval_path")
+    @classmethod
+    def _known_suffix(cls, value: str | None) -> str | None:
+        if value is not None:
+            data_format(value)
+        return value
+
+    @property
+    def train_format(self) -> Literal["jsonl", "parquet"] | None:
+        """Format of train_path, None for the embedded task."""
+        return None if self.train_path is None else data_format(self.train_path)
+
+    @property
+    def eval_format(self) -> Literal["jsonl", "parquet"] | None:
+        """Format of eval_path, None when it is not set."""
+        return None if self.eval_path is None else data_format(self.eval_path)
+
+
+# --- rollout ----------------------------------------------------------------------------
+
+
+class RolloutConfig(ConfigModel):
+    """Generation by the rollout service."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: transformers 'generate' or vLLM."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature; 0 means greedy decoding."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass; 1 keeps every token."""
+    top_k: int = -1
+    """Sample from the k most likely tokens; -1 turns it off."""
+    max_new_tokens: int = Field(4, ge=1)
+    """Most tokens generated per response."""
+    responses_per_prompt: int = Field(1, ge=1)
+    """Responses sampled per prompt (n); group estimators need at least 2."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel generation workers; a request is split (and padded) across them."""
+    eval_every_steps: int = Field(10, ge=0)
+    """Greedy held-out evaluation every this many PPO steps; 0 turns it off."""
+    eval_prompts: int = Field(500, ge=1)
+    """Held-out prompts per evaluation (fewer if the eval set is smaller)."""
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_off_or_positive(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError(f"must be -1 (off) or >= 1; got {value}")
+        return value
+
+
+# --- actor and critic -------------------------------------------------------------------
+
+
+class ActorConfig(ConfigModel):
+    """Policy training (rollout.UpdateActor)."""
+
+    lr: float = Field(2e-4, gt=0)
+    """Learning rate of the actor's AdamW optimizer."""
+    ppo_epochs: int = Field(2, ge=1)
+    """Passes over each step's samples."""
+    ppo_mini_batch_prompts: int = Field(64, ge=1)
+    """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
+    trainer.prompts_per_step."""
+    micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward/backward pass on one worker (per worker; gradients accumulate
+    over micro-batches up to the mini-batch)."""
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
+    clip_ratio_high: float = Field(0.2, ge=0)
+    """PPO clip: the ratio is kept below 1 + clip_ratio_high."""
+    clip_ratio_dual: float | None = Field(None, gt=1)
+    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses become one number: mean over all tokens, or per-sequence sum/mean
+    then mean over sequences."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus."""
+    use_kl_loss: bool = False
+    """Add a KL(policy‖reference) term to the actor loss (GRPO style) in addition to any
+    KL penalty in the reward."""
+    kl_loss_coef: float = Field(0.04, ge=0)
+    """Weight of the KL loss term; used only when use_kl_loss."""
+    kl_loss_kind: KlKind = "k3"
+    """KL estimator of the KL loss term."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel training workers (DeepSpeed ranks)."""
+
+    @model_validator(mode="after")
+    def _kl_loss_has_weight(self) -> ActorConfig:
+        if self.use_kl_loss and self.kl_loss_coef == 0:
+            raise ConfigError(
+                "kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off"
+            )
+        return self
+
+
+class CriticConfig(ConfigModel):
+    """Value-model training (critic.UpdateCritic); used only by the 'gae' estimator."""
+
+    model_path: str | None = None
+    """Weights to start the critic from; None uses the policy's (model.path or the embedded
+    model), with a zero-initialised value head."""
+    lr: float = Field(1e-3, gt=0)
+    """Learning rate of the critic's AdamW optimizer."""
+    ppo_epochs: int = Field(2, ge=1)
+    """Passes over each step's samples."""
+    ppo_mini_batch_prompts: int = Field(64, ge=1)
+    """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
+    trainer.prompts_per_step."""
+    micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward/backward pass on one worker (per worker)."""
+    cliprange_value: float = Field(0.2, gt=0)
+    """Value clip: new values stay within this distance of the old ones in the loss."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel training workers (DeepSpeed ranks)."""
+
+
+# --- algorithm --------------------------------------------------------------------------
+
+
+class KlControlConfig(ConfigModel):
+    """Coefficient β of the KL penalty in the token rewards (score − β·KL)."""
+
+    kind: Literal["fixed", "adaptive"] = "fixed"
+    """'fixed' keeps β = kl_coef; 'adaptive' steers the measured KL toward target_kl."""
+    kl_coef: float = Field(0.02, ge=0)
+    """β, or its starting value when adaptive; 0 removes the KL penalty from the reward."""
+    target_kl: float = Field(0.1, gt=0)
+    """KL per sequence that the adaptive controller aims for; unused when fixed."""
+    horizon: int = Field(10000, ge=1)
+    """Samples over which the adaptive controller moves β by its proportional error."""
+
+
+class AlgorithmConfig(ConfigModel):
+    """Advantage estimation and the KL penalty, computed by the trainer."""
+
+    adv_estimator: AdvEstimator = "gae"
+    """Advantage estimator; 'gae' needs the critic, the others use reward baselines."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per token (GAE)."""
+    lam: float = Field(0.95, ge=0, le=1)
+    """GAE λ: trades bias (0) for variance (1)."""
+    kl_penalty: KlKind = "k1"
+    """KL estimator of the per-token penalty in the rewards."""
+    kl_ctrl: KlControlConfig = Field(default_factory=KlControlConfig)
+    """Controller of the penalty's coefficient β."""
+    whiten_advantages: bool = True
+    """Normalise advantages: 'gae' whitens them over the step's response tokens, 'grpo'
+    divides by each group's std; the other estimators ignore it."""
+
+
+# --- reward -----------------------------------------------------------------------------
+
+
+class HttpRewardConfig(ConfigModel):
+    """An external HTTP scoring API (reward.kind 'http')."""
+
+    url: str | None = None
+    """Endpoint receiving batches of (prompt, response, ground truth); required for 'http'."""
+    timeout_s: float = Field(3.0, gt=0)
+    """Per-request timeout in seconds."""
+    max_concurrency: int = Field(32, ge=1)
+    """Requests in flight at once, per reward replica."""
+    retries: int = Field(2, ge=0)
+    """Retries after a failed or timed-out request (0 = try once)."""
+    on_failure: Literal["raise", "fallback"] = "raise"
+    """When retries are spent: fail the step ('raise') or score fallback_score ('fallback')."""
+    fallback_score: float = 0.0
+    """Score given to a sample whose request failed, with on_failure 'fallback'."""
+
+
+class RewardConfig(ConfigModel):
+    """How the reward service scores responses."""
+
+    kind: Literal["rule", "model", "http"] = "rule"
+    """'rule': a registered Python function; 'model': a reward model; 'http': an external API."""
+    rule_name: str | None = "arithmetic_exact_match"
+    """Registered rule function; required when kind is 'rule'."""
+    model_path: str | None = None
+    """Local reward-model directory; required when kind is 'model'."""
+    http: HttpRewardConfig = Field(default_factory=HttpRewardConfig)
+    """The external API; used when kind is 'http'."""
+
+    @model_validator(mode="after")
+    def _kind_has_its_setting(self) -> RewardConfig:
+        if self.kind == "rule" and not self.rule_name:
+            raise ConfigError("rule_name", "required when kind is 'rule'")
+        if self.kind == "model" and not self.model_path:
+            raise ConfigError("model_path", "required when kind is 'model'")
+        if self.kind == "http":
+            if not self.http.url:
+                raise ConfigError("http.url", "required when kind is 'http'")
+            if not self.http.url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    "http.url", f"must start with http:// or https://; got {self.http.url!r}"
+                )
+        return self
+
+
+# --- trainer ----------------------------------------------------------------------------
+
+
+class TracingConfig(ConfigModel):
+    """OpenTelemetry tracing: one trace per PPO step, spans across every service."""
+
+    enabled: bool = False
+    """Export spans."""
+    otlp_endpoint: str = "http://localhost:4317"
+    """OTLP/gRPC collector, e.g. Jaeger's."""
+    sampling_ratio: float = Field(1.0, ge=0, le=1)
+    """Fraction of PPO steps traced."""
+
+
+class TrainerConfig(ConfigModel):
+    """The PPO loop that composes the services."""
+
+    total_steps: int = Field(200, ge=1)
+    """PPO steps to run."""
+    prompts_per_step: int = Field(256, ge=1)
+    """Prompts per PPO step (samples per step = prompts × rollout.responses_per_prompt)."""
+    seed: int = 0
+    """Seed for model initialisation and sampling."""
+    checkpoint_every_steps: int = Field(50, ge=0)
+    """Save a checkpoint every this many steps, and at the end; 0 = only at the end."""
+    run_dir: str = "runs/embedded_default"
+    """Directory for the resolved config, metrics and checkpoints."""
+    ray_address: str | None = None
+    """Ray cluster to join (e.g. 'ray://head:10001' or 'auto'); None starts a local one."""
+    rpc_timeout_s: float = Field(600.0, gt=0)
+    """Deadline of each call to a service, in seconds."""
+    rpc_retries: int = Field(2, ge=0)
+    """Retries of a call that failed with a retryable status (0 = try once)."""
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """Span export to an OTLP backend."""
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+class RunConfig(ConfigModel):
+    """One PPO / GRPO run: model, data, the four services' settings and the loop."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Policy (and reference) model."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Training and evaluation prompts."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Generation."""
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    """Policy training."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """Value-model training; ignored unless algorithm.adv_estimator is 'gae'."""
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """Advantages and KL."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Scoring."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The loop itself."""
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples (prompt + one response) generated and trained on per PPO step."""
+        return self.trainer.prompts_per_step * self.rollout.responses_per_prompt
+
+    @property
+    def actor_mini_batch_samples(self) -> int:
+        """Samples per actor optimizer step, across all actor workers."""
+        return self.actor.ppo_mini_batch_prompts * self.rollout.responses_per_prompt
+
+    @property
+    def critic_mini_batch_samples(self) -> int:
+        """Samples per critic optimizer step, across all critic workers."""
+        return self.critic.ppo_mini_batch_prompts * self.rollout.responses_per_prompt
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the run uses the critic service (GAE advantages)."""
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the run uses reference log-probs (a KL penalty or KL loss is on)."""
+        return self.algorithm.kl_ctrl.kl_coef > 0 or self.actor.use_kl_loss
+
+    @model_validator(mode="after")
+    def _sections_agree(self) -> RunConfig:
+        issues = self._batch_issues("actor", self.actor)
+        if self.needs_critic:
+            issues += self._batch_issues("critic", self.critic)
+        n = self.rollout.responses_per_prompt
+        estimator = self.algorithm.adv_estimator
+        if estimator in GROUP_ESTIMATORS:
+            if n < 2:
+                issues.append(
+                    (
+                        "rollout.responses_per_prompt",
+                        f"must be >= 2 for algorithm.adv_estimator {estimator!r} (its baseline "
+                        f"is the other responses to the same prompt); got {n}",
+                    )
+                )
+            elif self.rollout.temperature == 0:
+                issues.append(
+                    (
+                        "rollout.temperature",
+                        f"is 0 (greedy), so the {n} responses to a prompt are identical and "
+                        f"{estimator!r} advantages are all zero; use a temperature > 0",
+                    )
+                )
+        if issues:
+            raise ConfigError(issues)
+        return self
+
+    def _batch_issues(
+        self, role: str, section: ActorConfig | CriticConfig
+    ) -> list[tuple[str, str]]:
+        """Mini-batches must tile the step, and split evenly over workers and micro-batches."""
+        issues: list[tuple[str, str]] = []
+        prompts = self.trainer.prompts_per_step
+        mini = section.ppo_mini_batch_prompts
+        if prompts % mini:
+            issues.append(
+                (
+                    f"{role}.ppo_mini_batch_prompts",
+                    f"must divide trainer.prompts_per_step ({prompts}); got {mini}"
+                    + _nearest_divisors_hint(prompts, mini),
+                )
+            )
+            return issues
+        n = self.rollout.responses_per_prompt
+        mini_samples = mini * n
+        if mini_samples % section.workers:
+            issues.append(
+                (
+                    f"{role}.workers",
+                    f"must divide the mini-batch of {mini_samples} samples "
+                    f"({role}.ppo_mini_batch_prompts {mini} × rollout.responses_per_prompt {n}) "
+                    f"so each worker gets an equal share; got {section.workers}",
+                )
+            )
+            return issues
+        share = mini_samples // section.workers
+        if share % section.micro_batch_samples:
+            issues.append(
+                (
+                    f"{role}.micro_batch_samples",
+                    f"must divide each worker's share of a mini-batch, {share} samples "
+                    f"({role}.ppo_mini_batch_prompts {mini} × rollout.responses_per_prompt {n} "
+                    f"/ {role}.workers {section.workers}); got {section.micro_batch_samples}"
+                    + _nearest_divisors_hint(share, section.micro_batch_samples),
+                )
+            )
+        return issues
+
+
+def _nearest_divisors_hint(total: int, got: int) -> str:
+    """' — e.g. 64 or 128' naming the divisors of total nearest to got."""
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    below = [d for d in divisors if d < got]
+    above = [d for d in divisors if d > got]
+    picks = ([below[-1]] if below else []) + ([above[0]] if above else [])
+    return " — e.g. " + " or ".join(str(d) for d in picks) if picks else ""

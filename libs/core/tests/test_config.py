@@ -1,0 +1,321 @@
+"""Config loading, overrides, derived checks and error messages (CPU, no services)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from rlserve.core.config import (
+    ConfigError,
+    ConfigModel,
+    apply_overrides,
+    describe_config,
+    dump_config,
+    load_config,
+    validate_config,
+)
+from rlserve.core.run_config import (
+    EMBEDDED_DEFAULT_CONFIG_PATH,
+    RewardConfig,
+    RunConfig,
+    data_format,
+)
+
+GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "algorithm.kl_ctrl.kl_coef=0",
+    "trainer.prompts_per_step=64",
+    "rollout.responses_per_prompt=8",
+    "actor.lr=1e-4",
+    "actor.use_kl_loss=true",
+    "actor.kl_loss_coef=0.04",
+    "actor.ppo_mini_batch_prompts=16",
+]
+
+
+def load(*overrides: str) -> RunConfig:
+    return load_config(RunConfig, None, overrides)
+
+
+def error_of(*overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(*overrides)
+    return info.value
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- the example and the defaults -------------------------------------------------------
+
+
+def test_example_yaml_loads_and_states_the_defaults():
+    config = load_config(RunConfig, EMBEDDED_DEFAULT_CONFIG_PATH)
+    assert config == RunConfig()
+
+
+def test_defaults_are_the_measured_ppo_recipe():
+    c = RunConfig()
+    assert (c.trainer.prompts_per_step, c.rollout.responses_per_prompt) == (256, 1)
+    assert c.rollout.max_new_tokens == 4
+    assert (c.actor.lr, c.critic.lr) == (2e-4, 1e-3)
+    assert (c.algorithm.kl_ctrl.kl_coef, c.algorithm.kl_penalty) == (0.02, "k1")
+    assert (c.algorithm.gamma, c.algorithm.lam) == (1.0, 0.95)
+    assert c.algorithm.whiten_advantages
+    assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high, c.actor.ppo_epochs) == (0.2, 0.2, 2)
+    assert (c.model.tiny.hidden_size, c.model.tiny.num_layers) == (128, 4)
+    assert (c.data.arithmetic.train_pairs, c.data.arithmetic.eval_pairs) == (8000, 2000)
+    assert c.reward.http.timeout_s == 3.0
+
+
+def test_derived_sizes():
+    c = RunConfig()
+    assert c.samples_per_step == 256
+    assert c.needs_critic and c.needs_reference
+    g = load(*GRPO)
+    assert g.samples_per_step == 64 * 8
+    assert g.actor_mini_batch_samples == 16 * 8
+    assert not g.needs_critic
+    assert g.needs_reference  # through the KL loss
+
+
+def test_grpo_recipe_from_the_example_comment_is_valid():
+    g = load_config(RunConfig, EMBEDDED_DEFAULT_CONFIG_PATH, GRPO)
+    assert g.algorithm.adv_estimator == "grpo" and g.actor.lr == 1e-4
+
+
+def test_every_field_is_documented():
+    undocumented = [
+        line for line in describe_config(RunConfig).splitlines() if "undocumented" in line
+    ]
+    assert undocumented == []
+
+
+def test_config_is_frozen():
+    with pytest.raises(pydantic.ValidationError):
+        RunConfig().actor.lr = 1.0  # type: ignore[misc]
+
+
+# --- overrides --------------------------------------------------------------------------
+
+
+def test_overrides_parse_yaml_values():
+    c = load(
+        "actor.lr=1e-3",  # YAML 1.1 would read this as a string
+        "trainer.total_steps=7",
+        "actor.use_kl_loss=true",
+        "actor.clip_ratio_dual=3.0",
+        "data.train_path=/data/train.parquet",
+        "trainer.ray_address=null",
+    )
+    assert c.actor.lr == 1e-3 and isinstance(c.actor.lr, float)
+    assert c.trainer.total_steps == 7
+    assert c.actor.use_kl_loss is True
+    assert c.actor.clip_ratio_dual == 3.0
+    assert c.data.train_path == "/data/train.parquet" and c.data.train_format == "parquet"
+    assert c.trainer.ray_address is None
+
+
+def test_override_null_resets_an_optional_field(tmp_path):
+    path = write(tmp_path, "model:\n  path: /models/x\n")
+    assert load_config(RunConfig, path).model.path == "/models/x"
+    assert load_config(RunConfig, path, ["model.path=null"]).model.path is None
+
+
+def test_override_list_values_and_later_wins():
+    data = apply_overrides({"a": {"b": 1}}, ["a.c=[1, 2]", "a.b=2", "a.b=3", "x.y.z=ok"])
+    assert data == {"a": {"b": 3, "c": [1, 2]}, "x": {"y": {"z": "ok"}}}
+
+
+def test_apply_overrides_does_not_mutate_its_input():
+    data = {"a": {"b": 1}}
+    apply_overrides(data, ["a.b=2"])
+    assert data == {"a": {"b": 1}}
+
+
+@pytest.mark.parametrize("bad", ["actor.lr", "=1", "actor..lr=1", "actor.lr=[1"])
+def test_malformed_override(bad):
+    err = error_of(bad)
+    assert repr(bad) in str(err)
+
+
+def test_override_through_a_non_mapping_names_it():
+    err = error_of("trainer.seed=1", "trainer.seed.value=1")
+    assert err.paths == ("trainer.seed",)
+    assert "is 1, not a mapping" in str(err)
+
+
+# --- validation errors ------------------------------------------------------------------
+
+
+def test_unknown_key_suggests_the_field():
+    err = error_of("actor.lr_rate=1e-3")
+    assert err.paths == ("actor.lr_rate",)
+    assert "unknown field" in str(err) and "did you mean 'actor.lr'?" in str(err)
+
+
+def test_unknown_key_suggests_the_same_name_in_another_section():
+    err = error_of("actor.temperature=0.7")
+    assert "did you mean 'rollout.temperature'?" in str(err)
+
+
+def test_unknown_key_without_a_close_match_lists_the_fields():
+    err = error_of("reward.http.zzz=1")
+    assert err.paths == ("reward.http.zzz",)
+    assert "timeout_s" in str(err)
+
+
+def test_bad_type_names_field_and_value():
+    err = error_of("trainer.total_steps=many")
+    assert err.paths == ("trainer.total_steps",)
+    assert "'many'" in str(err)
+
+
+def test_bad_literal_and_bounds_are_all_reported():
+    err = error_of("algorithm.adv_estimator=ppo", "rollout.top_p=0", "rollout.top_k=0")
+    assert set(err.paths) == {"algorithm.adv_estimator", "rollout.top_p", "rollout.top_k"}
+    assert "3 problems" in str(err)
+
+
+def test_yaml_top_level_must_be_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(RunConfig, write(tmp_path, "- actor\n- critic\n"))
+
+
+def test_yaml_syntax_error_and_duplicate_key(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(RunConfig, write(tmp_path, "actor: [1,\n"))
+    with pytest.raises(ConfigError, match="duplicate key 'lr'"):
+        load_config(RunConfig, write(tmp_path, "actor:\n  lr: 1\n  lr: 2\n"))
+
+
+def test_missing_file_and_empty_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(RunConfig, tmp_path / "nope.yaml")
+    assert load_config(RunConfig, write(tmp_path, "")) == RunConfig()
+
+
+def test_data_suffix_is_validated():
+    err = error_of("data.eval_path=eval.csv")
+    assert err.paths == ("data.eval_path",) and ".jsonl or .parquet" in str(err)
+    assert data_format("x/train.JSONL") == "jsonl"
+
+
+# --- derived checks ---------------------------------------------------------------------
+
+
+def test_mini_batch_must_divide_prompts_per_step():
+    err = error_of("actor.ppo_mini_batch_prompts=100")
+    assert err.paths == ("actor.ppo_mini_batch_prompts",)
+    assert "must divide trainer.prompts_per_step (256); got 100" in str(err)
+    assert "64 or 128" in str(err)  # the fix
+
+
+def test_critic_mini_batch_checked_only_when_gae_uses_it():
+    err = error_of("critic.ppo_mini_batch_prompts=100")
+    assert err.paths == ("critic.ppo_mini_batch_prompts",)
+    c = load(*GRPO, "critic.ppo_mini_batch_prompts=100")
+    assert not c.needs_critic
+
+
+def test_micro_batch_must_divide_each_workers_share():
+    err = error_of("actor.micro_batch_samples=48")
+    assert err.paths == ("actor.micro_batch_samples",)
+    # 64 prompts × 1 response over 2 workers = 32 samples each; 64 no longer fits.
+    err = error_of("actor.workers=2")
+    assert err.paths == ("actor.micro_batch_samples",)
+    assert "32 samples" in str(err) and "actor.workers 2" in str(err)
+    assert load("actor.workers=2", "actor.micro_batch_samples=16").actor.workers == 2
+
+
+def test_workers_must_split_the_mini_batch_evenly():
+    err = error_of("critic.workers=3")
+    assert err.paths == ("critic.workers",)
+    assert "equal share" in str(err)
+
+
+def test_group_estimators_need_several_responses():
+    for estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        err = error_of(f"algorithm.adv_estimator={estimator}")
+        assert err.paths == ("rollout.responses_per_prompt",)
+        assert estimator in str(err)
+    assert not load("algorithm.adv_estimator=reinforce_plus_plus").needs_critic
+
+
+def test_greedy_group_sampling_is_rejected():
+    err = error_of(*GRPO, "rollout.temperature=0")
+    assert err.paths == ("rollout.temperature",)
+    assert load("rollout.temperature=0").rollout.temperature == 0  # fine for PPO
+
+
+def test_section_checks_are_rooted_at_the_section():
+    assert error_of("actor.clip_ratio_dual=1.0").paths == ("actor.clip_ratio_dual",)
+    assert error_of("model.tiny.num_heads=3").paths == ("model.tiny.num_heads",)
+    assert error_of("actor.use_kl_loss=true", "actor.kl_loss_coef=0").paths == (
+        "actor.kl_loss_coef",
+    )
+    assert error_of("data.arithmetic.train_pairs=9000").paths == ("data.arithmetic.train_pairs",)
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [("rule", "reward.rule_name"), ("model", "reward.model_path"), ("http", "reward.http.url")],
+)
+def test_reward_kind_needs_its_setting(kind, path):
+    err = error_of(f"reward.kind={kind}", "reward.rule_name=null")
+    assert err.paths == (path,) and "required" in str(err)
+
+
+def test_section_validates_on_its_own():
+    # A service that embeds one section gets the same checks and paths relative to it.
+    with pytest.raises(ConfigError) as info:
+        validate_config(RewardConfig, {"kind": "http", "http": {"url": "ftp://x"}})
+    assert info.value.paths == ("http.url",)
+    assert validate_config(RewardConfig, {"kind": "http", "http": {"url": "http://x"}})
+
+
+# --- dump and describe ------------------------------------------------------------------
+
+
+def test_dump_load_round_trip(tmp_path):
+    config = load(
+        *GRPO,
+        "actor.lr=1e-5",
+        "data.eval_path=e.jsonl",
+        "actor.clip_ratio_dual=3",
+        "actor.grad_clip=.inf",
+        "data.prompt_key='1e-3'",
+    )
+    path = write(tmp_path, dump_config(config))
+    assert load_config(RunConfig, path) == config
+    assert load_config(RunConfig, write(tmp_path, dump_config(RunConfig()))) == RunConfig()
+
+
+def test_describe_lists_nested_fields_with_docstrings():
+    text = describe_config(RunConfig)
+    lines = text.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("reward.http.timeout_s:"))
+    assert lines[i] == "reward.http.timeout_s: float = 3.0  (> 0)"
+    assert lines[i + 1].strip() == "Per-request timeout in seconds."
+    assert (
+        "actor.loss_agg_mode: 'token-mean' | 'seq-mean-token-sum' | 'seq-mean-token-mean'" in text
+    )
+    assert "reward.http: section HttpRewardConfig" in text
+
+
+def test_config_model_base_settings():
+    class Tiny(ConfigModel):
+        x: int = 1
+        """An x."""
+
+    assert Tiny.model_fields["x"].description == "An x."
+    with pytest.raises(ConfigError, match="x: Input should be a valid integer"):
+        validate_config(Tiny, {"x": "one"})
+    with pytest.raises(ConfigError) as info:
+        validate_config(Tiny, {"y": 2})
+    assert "did you mean 'x'" not in str(info.value)  # too far from 'x' to guess

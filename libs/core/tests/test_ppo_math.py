@@ -1,0 +1,933 @@
+"""Tests for rlserve.core.ppo_math.
+
+Two kinds of test per function: tiny tensors whose expected values are worked out by
+hand in the comments, and "fast version equals the obvious version" checks against
+plain Python loops over several seeds and mask layouts (right padding, left padding,
+gaps, random with an empty row) and prompt groups of size 1..4.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlserve.core import ppo_math as pm
+
+SEEDS = (0, 1, 2)
+MASK_KINDS = ("right_padded", "left_padded", "gaps", "random_with_empty_row")
+LN2 = math.log(2.0)
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def make_mask(kind: str, gen: torch.Generator, batch: int = 5, length: int = 7) -> torch.Tensor:
+    """A (batch, length) bool response mask of the given layout, >= 2 valid tokens."""
+    lengths = torch.randint(1, length + 1, (batch,), generator=gen)
+    positions = torch.arange(length)[None, :]
+    if kind == "right_padded":
+        mask = positions < lengths[:, None]
+    elif kind == "left_padded":
+        mask = positions >= (length - lengths)[:, None]
+    elif kind == "gaps":
+        # a run of tokens, then a hole (e.g. tool output), then another run
+        mask = torch.zeros(batch, length, dtype=torch.bool)
+        for row in range(batch):
+            start = int(torch.randint(0, 2, (1,), generator=gen))
+            hole = int(torch.randint(start + 1, length - 1, (1,), generator=gen))
+            mask[row, start:hole] = True
+            mask[row, hole + 1 :] = True
+    elif kind == "random_with_empty_row":
+        mask = torch.rand(batch, length, generator=gen) < 0.6
+        mask[0] = False
+        mask[1, :2] = True
+    else:
+        raise AssertionError(kind)
+    mask[-1, :2] = True  # at least two valid tokens in the batch, for whitening
+    return mask
+
+
+def all_masks(batch: int = 5, length: int = 7):
+    """(seed, kind, generator, mask) for every seed and mask layout."""
+    for seed in SEEDS:
+        for kind in MASK_KINDS:
+            gen = torch.Generator().manual_seed(seed)
+            yield seed, kind, gen, make_mask(kind, gen, batch, length)
+
+
+def make_groups(gen: torch.Generator, num_groups: int = 4) -> torch.Tensor:
+    """Shuffled int64 group ids with group sizes 1..4 and arbitrary (non-dense) ids."""
+    sizes = torch.randint(1, 5, (num_groups,), generator=gen).tolist()
+    sizes[0] = 1  # always a singleton
+    ids = [1000 + 7 * g for g, size in enumerate(sizes) for _ in range(size)]
+    perm = torch.randperm(len(ids), generator=gen)
+    return torch.tensor(ids, dtype=torch.int64)[perm]
+
+
+def mask_for(batch: int, gen: torch.Generator, length: int = 6) -> torch.Tensor:
+    kinds = MASK_KINDS[:3]
+    kind = kinds[int(torch.randint(0, len(kinds), (1,), generator=gen))]
+    return make_mask(kind, gen, batch, length)
+
+
+def ref_whiten(rows: list[list[float]], mask: list[list[bool]]) -> list[list[float]]:
+    """Plain-loop whitening over all valid entries (unbiased variance, eps 1e-8)."""
+    valid = [
+        x for row, mrow in zip(rows, mask, strict=True) for x, m in zip(row, mrow, strict=True) if m
+    ]
+    mean = sum(valid) / len(valid)
+    var = sum((x - mean) ** 2 for x in valid) / (len(valid) - 1)
+    return [
+        [(x - mean) / math.sqrt(var + 1e-8) if m else 0.0 for x, m in zip(row, mrow, strict=True)]
+        for row, mrow in zip(rows, mask, strict=True)
+    ]
+
+
+def close(actual, expected, atol: float = 1e-6) -> None:
+    expected = torch.as_tensor(expected, dtype=actual.dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=1e-5)
+
+
+# ------------------------------------------------------------- masked statistics
+
+
+def test_masked_sum_and_mean_by_hand():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 1, 0]])
+    # valid: 1, 2, 5 -> sum 8, mean 8/3; per row: sums (3, 5), means (1.5, 5)
+    close(pm.masked_sum(values, mask), 8.0)
+    close(pm.masked_mean(values, mask), 8.0 / 3.0)
+    close(pm.masked_sum(values, mask, dim=1), [3.0, 5.0])
+    close(pm.masked_mean(values, mask, dim=1), [1.5, 5.0])
+    # per column: (1, 2+5, 0) / (1, 2, 0->1)
+    close(pm.masked_mean(values, mask, dim=0), [1.0, 3.5, 0.0])
+
+
+def test_masked_mean_ignores_garbage_outside_mask():
+    values = torch.tensor([[1.0, float("inf"), float("nan")], [3.0, -float("inf"), 5.0]])
+    mask = torch.tensor([[True, False, False], [True, False, True]])
+    # valid: 1, 3, 5 -> mean 3
+    close(pm.masked_mean(values, mask), 3.0)
+
+
+def test_masked_var_by_hand():
+    values = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    # valid 1, 2, 3: mean 2, squared deviations 1 + 0 + 1 = 2
+    close(pm.masked_var(values, mask), 2.0 / 2)  # unbiased: / (3 - 1)
+    close(pm.masked_var(values, mask, unbiased=False), 2.0 / 3)
+
+
+def test_masked_whiten_by_hand():
+    values = torch.tensor([[1.0, 2.0], [3.0, 9.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    # valid 1, 2, 3: mean 2, unbiased var 1 -> (-1, 0, 1), and 0 outside the mask
+    close(pm.masked_whiten(values, mask), [[-1.0, 0.0], [1.0, 0.0]], atol=1e-6)
+    # shift_mean=False keeps the mean: (-1, 0, 1) + 2
+    close(pm.masked_whiten(values, mask, shift_mean=False), [[1.0, 2.0], [3.0, 0.0]], atol=1e-6)
+
+
+def test_masked_statistics_match_loop():
+    for seed, kind, gen, mask in all_masks():
+        values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        values[~mask] = float("nan")  # garbage outside the mask must not leak
+        rows, mrows = values.tolist(), mask.tolist()
+        valid = [
+            x for r, m in zip(rows, mrows, strict=True) for x, v in zip(r, m, strict=True) if v
+        ]
+        mean = sum(valid) / len(valid)
+        var = sum((x - mean) ** 2 for x in valid) / (len(valid) - 1)
+        row_means = [
+            sum(x for x, v in zip(r, m, strict=True) if v) / max(1, sum(m))
+            for r, m in zip(rows, mrows, strict=True)
+        ]
+        msg = f"seed={seed} kind={kind}"
+        torch.testing.assert_close(
+            pm.masked_sum(values, mask), torch.tensor(sum(valid), dtype=torch.float64), msg=msg
+        )
+        torch.testing.assert_close(
+            pm.masked_mean(values, mask), torch.tensor(mean, dtype=torch.float64), msg=msg
+        )
+        torch.testing.assert_close(
+            pm.masked_mean(values, mask, dim=1),
+            torch.tensor(row_means, dtype=torch.float64),
+            msg=msg,
+        )
+        torch.testing.assert_close(
+            pm.masked_var(values, mask), torch.tensor(var, dtype=torch.float64), msg=msg
+        )
+        torch.testing.assert_close(
+            pm.masked_whiten(values, mask),
+            torch.tensor(ref_whiten(rows, mrows), dtype=torch.float64),
+            msg=msg,
+        )
+
+
+def test_masked_statistics_errors():
+    values = torch.ones(2, 3)
+    with pytest.raises(ValueError, match=r"mask has shape \(2, 2\) but values has shape \(2, 3\)"):
+        pm.masked_mean(values, torch.ones(2, 2))
+    with pytest.raises(ValueError, match="all zero"):
+        pm.masked_mean(values, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="at least 2 valid entries"):
+        pm.masked_var(values, torch.tensor([[1, 0, 0], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="at least 1 valid entries"):
+        pm.masked_var(values, torch.zeros(2, 3), unbiased=False)
+    with pytest.raises(ValueError, match="at least 2 valid entries"):
+        pm.masked_whiten(values, torch.tensor([[1, 0, 0], [0, 0, 0]]))
+
+
+# ---------------------------------------------------------------------------- KL
+
+
+# logprob = ln 0.5, ref = ln 0.25 -> log_ratio = ln 2; and the reverse -> -ln 2.
+# k1 = ±ln 2; k2 = 0.5 ln²2 = 0.240227; abs = ln 2;
+# k3 = exp(-lr) + lr - 1: lr = ln2 -> 0.5 + 0.693147 - 1 = 0.193147,
+#                         lr = -ln2 -> 2 - 0.693147 - 1 = 0.306853.
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("k1", [LN2, -LN2]),
+        ("k2", [0.5 * LN2**2, 0.5 * LN2**2]),
+        ("mse", [0.5 * LN2**2, 0.5 * LN2**2]),
+        ("k3", [0.5 + LN2 - 1, 2 - LN2 - 1]),
+        ("low_var_kl", [0.5 + LN2 - 1, 2 - LN2 - 1]),
+        ("abs", [LN2, LN2]),
+    ],
+)
+def test_kl_penalty_by_hand(kind, expected):
+    logprob = torch.tensor([[math.log(0.5), math.log(0.25)]])
+    ref_logprob = torch.tensor([[math.log(0.25), math.log(0.5)]])
+    close(pm.kl_penalty(logprob, ref_logprob, kind), [expected])
+
+
+def test_kl_penalty_k3_is_clamped():
+    # ref - logp = 15 -> e^15 - 15 - 1 ≈ 3.3e6 -> clamped to 10;
+    # ref - logp = -30 -> log-ratio clamped to -20 -> e^-20 + 20 - 1 ≈ 19 -> 10.
+    logprob = torch.tensor([[0.0, 0.0]])
+    ref_logprob = torch.tensor([[15.0, -30.0]])
+    close(pm.kl_penalty(logprob, ref_logprob, "k3"), [[10.0, 10.0]])
+
+
+def test_kl_penalty_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"valid kinds: k1, k2, mse, k3, low_var_kl, abs"):
+        pm.kl_penalty(x, x, "k4")
+    with pytest.raises(ValueError, match="ref_logprob has shape"):
+        pm.kl_penalty(x, torch.zeros(2, 4), "k1")
+
+
+def test_kl_loss_by_hand():
+    logprob = torch.tensor([[math.log(0.5), math.log(0.25), 7.0]], requires_grad=True)
+    ref_logprob = torch.tensor([[math.log(0.25), math.log(0.5), 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = pm.kl_loss(logprob, ref_logprob, mask, kind="k3")
+    # token mean of the two k3 values above: (0.193147 + 0.306853) / 2 = 0.25
+    close(loss, 0.25)
+    close(metrics["kl_loss"], 0.25)
+    loss.backward()
+    # d k3 / d logp = 1 - exp(ref - logp): (1 - 0.5, 1 - 2) / 2 tokens; masked -> 0
+    close(logprob.grad, [[0.25, -0.5, 0.0]])
+
+
+# ------------------------------------------------------------ KL in the reward
+
+
+def test_token_rewards_with_kl_penalty_by_hand():
+    scores = torch.tensor([1.0, 2.0])
+    token_kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])  # right-padded, left-padded
+    rewards, metrics = pm.token_rewards_with_kl_penalty(scores, token_kl, mask, kl_coef=0.5)
+    # row 0: -0.5*0.1, -0.5*0.2 + 1 (last token), 0 (padding)
+    # row 1: 0 (padding), -0.5*0.5, -0.5*0.6 + 2 (last token)
+    close(rewards, [[-0.05, 0.9, 0.0], [0.0, -0.25, 1.7]])
+    # kl_mean = (0.1 + 0.2 + 0.5 + 0.6) / 4; per-sequence sums 0.3 and 1.1 -> mean 0.7
+    close(metrics["kl_mean"], 0.35)
+    close(metrics["kl_seq_sum_mean"], 0.7)
+    close(metrics["kl_coef"], 0.5)
+    assert all(v.dim() == 0 for v in metrics.values())
+
+
+def test_token_rewards_with_kl_penalty_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        batch, length = mask.shape
+        scores = torch.randn(batch, generator=gen, dtype=torch.float64)
+        token_kl = torch.rand(mask.shape, generator=gen, dtype=torch.float64)
+        beta = 0.1 * (seed + 1)
+        rewards, _ = pm.token_rewards_with_kl_penalty(scores, token_kl, mask, beta)
+        expected = [[0.0] * length for _ in range(batch)]
+        for b in range(batch):
+            valid = [t for t in range(length) if mask[b, t]]
+            for t in valid:
+                expected[b][t] = -beta * float(token_kl[b, t])
+            if valid:
+                expected[b][valid[-1]] += float(scores[b])
+        torch.testing.assert_close(
+            rewards, torch.tensor(expected, dtype=torch.float64), msg=f"{seed} {kind}"
+        )
+
+
+def test_token_rewards_with_kl_penalty_errors():
+    kl, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    with pytest.raises(ValueError, match=r"scores must have shape \(B,\) = \(2,\)"):
+        pm.token_rewards_with_kl_penalty(torch.zeros(3), kl, mask, 0.1)
+    with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+        pm.token_rewards_with_kl_penalty(torch.zeros(2), kl, mask, -0.1)
+    with pytest.raises(ValueError, match="response_mask has shape"):
+        pm.token_rewards_with_kl_penalty(torch.zeros(2), kl, torch.ones(2, 4), 0.1)
+
+
+# ------------------------------------------------------------- KL controllers
+
+
+def test_fixed_kl_controller():
+    ctl = pm.FixedKLController(0.05)
+    ctl.update(current_kl=100.0, n_steps=1000)
+    assert ctl.value == 0.05
+    restored = pm.FixedKLController(1.0)
+    restored.load_state_dict(ctl.state_dict())
+    assert restored.value == 0.05
+
+
+def test_adaptive_kl_controller_by_hand():
+    ctl = pm.AdaptiveKLController(init_kl_coef=0.1, target_kl=6.0, horizon=10000)
+    # KL 9 vs target 6: error 0.5 clipped to 0.2 -> β = 0.1 * (1 + 0.2 * 256 / 10000)
+    ctl.update(current_kl=9.0, n_steps=256)
+    assert ctl.value == pytest.approx(0.1 * 1.00512)
+    # KL 5.4: error -0.1 -> β *= 1 - 0.1 * 100 / 10000 = 0.999
+    ctl.update(current_kl=5.4, n_steps=100)
+    assert ctl.value == pytest.approx(0.1 * 1.00512 * 0.999)
+    # KL 0: error -1 clipped to -0.2 -> β *= 1 - 0.2 * 10000 / 10000 = 0.8
+    before = ctl.value
+    ctl.update(current_kl=0.0, n_steps=10000)
+    assert ctl.value == pytest.approx(before * 0.8)
+
+
+def test_adaptive_kl_controller_state_round_trip():
+    ctl = pm.AdaptiveKLController(0.2, target_kl=1.0, horizon=100)
+    ctl.update(2.0, 10)
+    state = ctl.state_dict()
+    assert state == {"value": pytest.approx(0.2 * 1.02)}
+    other = pm.AdaptiveKLController(0.2, target_kl=1.0, horizon=100)
+    other.load_state_dict(state)
+    assert other.value == ctl.value
+    with pytest.raises(ValueError, match="'value' key"):
+        other.load_state_dict({"kl_coef": 0.1})
+
+
+def test_kl_controller_errors():
+    with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+        pm.FixedKLController(-1.0)
+    with pytest.raises(ValueError, match="init_kl_coef must be > 0"):
+        pm.AdaptiveKLController(0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="target_kl must be > 0"):
+        pm.AdaptiveKLController(0.1, 0.0, 1.0)
+    with pytest.raises(ValueError, match="horizon must be > 0"):
+        pm.AdaptiveKLController(0.1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="n_steps must be >= 0"):
+        pm.AdaptiveKLController(0.1, 1.0, 1.0).update(1.0, -1)
+
+
+# -------------------------------------------------------------------------- GAE
+
+
+def ref_gae(rewards, values, mask, gamma, lam):
+    """Obvious GAE: drop invalid tokens, run the textbook recursion, scatter back."""
+    batch, length = len(rewards), len(rewards[0])
+    adv = [[0.0] * length for _ in range(batch)]
+    ret = [[0.0] * length for _ in range(batch)]
+    for b in range(batch):
+        steps = [t for t in range(length) if mask[b][t]]
+        next_adv = 0.0
+        for k in reversed(range(len(steps))):
+            t = steps[k]
+            next_value = values[b][steps[k + 1]] if k + 1 < len(steps) else 0.0
+            delta = rewards[b][t] + gamma * next_value - values[b][t]
+            next_adv = delta + gamma * lam * next_adv
+            adv[b][t] = next_adv
+            ret[b][t] = next_adv + values[b][t]
+    return adv, ret
+
+
+def test_gae_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    mask = torch.ones(1, 3)
+    adv, ret = pm.compute_gae_advantages_returns(
+        rewards, values, mask, gamma=0.9, lam=0.8, whiten_advantages=False
+    )
+    # t=2: δ = 1 + 0 - 0.7 = 0.3;              A2 = 0.3
+    # t=1: δ = 0 + 0.9*0.7 - 0.6 = 0.03;       A1 = 0.03 + 0.72*0.3 = 0.246
+    # t=0: δ = 0 + 0.9*0.6 - 0.5 = 0.04;       A0 = 0.04 + 0.72*0.246 = 0.21712
+    close(adv, [[0.21712, 0.246, 0.3]])
+    # returns = A + V
+    close(ret, [[0.71712, 0.846, 1.0]])
+
+
+def test_gae_skips_gaps_by_hand():
+    # the middle token is outside the mask: its reward (99) and value (99) must not count
+    rewards = torch.tensor([[0.0, 99.0, 1.0, 5.0]])
+    values = torch.tensor([[0.5, 99.0, 0.7, float("nan")]])
+    mask = torch.tensor([[1, 0, 1, 0]])
+    adv, ret = pm.compute_gae_advantages_returns(
+        rewards, values, mask, gamma=0.9, lam=0.8, whiten_advantages=False
+    )
+    # t=2: A = 1 - 0.7 = 0.3 (next valid token: none)
+    # t=0: next valid value is V2 = 0.7: δ = 0.9*0.7 - 0.5 = 0.13; A = 0.13 + 0.72*0.3 = 0.346
+    close(adv, [[0.346, 0.0, 0.3, 0.0]])
+    close(ret, [[0.846, 0.0, 1.0, 0.0]])
+
+
+def test_gae_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        gamma, lam = [(1.0, 0.95), (0.99, 1.0), (0.9, 0.0)][seed]
+        adv, ret = pm.compute_gae_advantages_returns(
+            rewards, values, mask, gamma, lam, whiten_advantages=False
+        )
+        ref_adv, ref_ret = ref_gae(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam)
+        msg = f"seed={seed} kind={kind}"
+        torch.testing.assert_close(adv, torch.tensor(ref_adv, dtype=torch.float64), msg=msg)
+        torch.testing.assert_close(ret, torch.tensor(ref_ret, dtype=torch.float64), msg=msg)
+        white, ret2 = pm.compute_gae_advantages_returns(rewards, values, mask, gamma, lam)
+        torch.testing.assert_close(
+            white, torch.tensor(ref_whiten(ref_adv, mask.tolist()), dtype=torch.float64), msg=msg
+        )
+        torch.testing.assert_close(ret2, ret, msg=msg)  # returns are never whitened
+
+
+def test_gae_carries_no_grad():
+    values = torch.randn(2, 3, requires_grad=True)
+    adv, ret = pm.compute_gae_advantages_returns(
+        torch.randn(2, 3), values, torch.ones(2, 3), 1.0, 1.0
+    )
+    assert not adv.requires_grad and not ret.requires_grad
+
+
+def test_gae_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got 1.5"):
+        pm.compute_gae_advantages_returns(x, x, x, gamma=1.5, lam=0.9)
+    with pytest.raises(ValueError, match=r"lam must be in \[0, 1\], got -0.1"):
+        pm.compute_gae_advantages_returns(x, x, x, gamma=1.0, lam=-0.1)
+    with pytest.raises(ValueError, match="values has shape"):
+        pm.compute_gae_advantages_returns(x, torch.zeros(2, 4), x, gamma=1.0, lam=1.0)
+    with pytest.raises(ValueError, match=r"token_rewards must have shape \(B, T\)"):
+        pm.compute_gae_advantages_returns(torch.zeros(3), torch.zeros(3), torch.ones(3), 1.0, 1.0)
+
+
+# ------------------------------------------------------- outcome advantages
+
+
+def ref_groups(scores, group_ids):
+    """Plain dict of group id -> list of sample indices."""
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(g, []).append(i)
+    return groups
+
+
+def ref_grpo(scores, group_ids, normalize_by_std, eps=1e-6):
+    out = [0.0] * len(scores)
+    for members in ref_groups(scores, group_ids).values():
+        if len(members) == 1:
+            continue
+        vals = [scores[i] for i in members]
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        for i in members:
+            out[i] = (scores[i] - mean) / (std + eps) if normalize_by_std else scores[i] - mean
+    return out
+
+
+def ref_rloo(scores, group_ids):
+    out = [0.0] * len(scores)
+    for members in ref_groups(scores, group_ids).values():
+        for i in members:
+            others = [scores[j] for j in members if j != i]
+            out[i] = scores[i] - sum(others) / len(others) if others else 0.0
+    return out
+
+
+def ref_group_centred(scores, group_ids):
+    out = [0.0] * len(scores)
+    for members in ref_groups(scores, group_ids).values():
+        mean = sum(scores[i] for i in members) / len(members)
+        for i in members:
+            out[i] = scores[i] - mean
+    return out
+
+
+def spread(per_seq, mask):
+    """(B,) list -> (B, T) list, value on valid tokens, 0 elsewhere."""
+    return [[per_seq[b] if m else 0.0 for m in mask[b]] for b in range(len(per_seq))]
+
+
+def random_group_batch(seed):
+    gen = torch.Generator().manual_seed(seed)
+    group_ids = make_groups(gen)
+    batch = group_ids.numel()
+    # few distinct values so ties (std 0 groups) happen too
+    scores = torch.randint(0, 3, (batch,), generator=gen).to(torch.float64)
+    scores += 0.1 * torch.randn(batch, generator=gen, dtype=torch.float64) * (seed % 2)
+    return scores, group_ids, mask_for(batch, gen)
+
+
+def test_grpo_by_hand():
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    group_ids = torch.tensor([7, 7, 7, 3])
+    mask = torch.tensor([[1, 1], [1, 0], [0, 1], [1, 1]])
+    adv = pm.grpo_advantages(scores, group_ids, mask, eps=0.0)
+    # group 7: mean 2/3, deviations (1/3, -2/3, 1/3), unbiased var (1/9+4/9+1/9)/2 = 1/3
+    # std = 0.57735 -> (0.57735, -1.1547, 0.57735); group 3 is a singleton -> 0
+    s = 1 / math.sqrt(3)
+    close(adv, [[s, s], [-2 * s, 0.0], [0.0, s], [0.0, 0.0]], atol=1e-5)
+    # without std: (1/3, -2/3, 1/3), singleton 0
+    adv = pm.grpo_advantages(scores, group_ids, mask, normalize_by_std=False)
+    close(adv, [[1 / 3, 1 / 3], [-2 / 3, 0.0], [0.0, 1 / 3], [0.0, 0.0]])
+
+
+def test_grpo_equal_scores_give_zero_not_nan():
+    adv = pm.grpo_advantages(
+        torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3, dtype=torch.long), torch.ones(3, 2)
+    )
+    close(adv, torch.zeros(3, 2))
+
+
+def test_grpo_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        for norm in (True, False):
+            adv = pm.grpo_advantages(scores, group_ids, mask, normalize_by_std=norm)
+            expected = spread(ref_grpo(scores.tolist(), group_ids.tolist(), norm), mask.tolist())
+            torch.testing.assert_close(
+                adv, torch.tensor(expected, dtype=torch.float64), msg=f"{seed} {norm}"
+            )
+
+
+def test_rloo_by_hand():
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    group_ids = torch.tensor([7, 7, 7, 3])
+    mask = torch.ones(4, 2)
+    # 1 - mean(0, 1) = 0.5; 0 - mean(1, 1) = -1; 1 - mean(1, 0) = 0.5; singleton -> 0
+    close(
+        pm.rloo_advantages(scores, group_ids, mask), [[0.5] * 2, [-1.0] * 2, [0.5] * 2, [0.0] * 2]
+    )
+
+
+def test_rloo_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        adv = pm.rloo_advantages(scores, group_ids, mask)
+        expected = spread(ref_rloo(scores.tolist(), group_ids.tolist()), mask.tolist())
+        torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64), msg=str(seed))
+
+
+def test_reinforce_plus_plus_baseline_by_hand():
+    scores = torch.tensor([1.0, 0.0, 5.0])
+    group_ids = torch.tensor([0, 0, 1])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
+    # centred: (0.5, -0.5, 0 for the singleton) -> tokens 0.5, 0.5, -0.5, 0, 0
+    # mean 0.1; deviations 0.4, 0.4, -0.6, -0.1, -0.1; unbiased var (0.16*2+0.36+0.02)/4 = 0.175
+    sd = math.sqrt(0.175)
+    expected = [[0.4 / sd, 0.4 / sd], [-0.6 / sd, 0.0], [-0.1 / sd, -0.1 / sd]]
+    close(pm.reinforce_plus_plus_baseline_advantages(scores, group_ids, mask), expected, atol=1e-5)
+
+
+def test_reinforce_plus_plus_baseline_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        if seed % 2 == 0:
+            scores += torch.arange(scores.numel(), dtype=torch.float64)  # avoid all-zero
+        adv = pm.reinforce_plus_plus_baseline_advantages(scores, group_ids, mask)
+        centred = spread(ref_group_centred(scores.tolist(), group_ids.tolist()), mask.tolist())
+        expected = ref_whiten(centred, mask.tolist())
+        torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64), msg=str(seed))
+
+
+def test_outcome_advantage_errors():
+    mask = torch.ones(3, 2)
+    with pytest.raises(ValueError, match="group_ids must be an integer tensor"):
+        pm.grpo_advantages(torch.zeros(3), torch.zeros(3), mask)
+    with pytest.raises(ValueError, match="group_ids has shape"):
+        pm.rloo_advantages(torch.zeros(3), torch.zeros(2, dtype=torch.long), mask)
+    with pytest.raises(ValueError, match=r"scores must have shape \(B,\)"):
+        pm.grpo_advantages(torch.zeros(3, 1), torch.zeros(3, 1, dtype=torch.long), mask)
+    with pytest.raises(ValueError, match="response_mask has 2 rows but scores has 3"):
+        pm.reinforce_plus_plus_baseline_advantages(
+            torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(2, 2)
+        )
+
+
+# ----------------------------------------------------------------- REINFORCE++
+
+
+def ref_discounted_returns(rewards, mask, gamma):
+    out = [[0.0] * len(rewards[0]) for _ in rewards]
+    for b, row in enumerate(rewards):
+        running = 0.0
+        for t in reversed(range(len(row))):
+            if mask[b][t]:
+                running = row[t] + gamma * running
+                out[b][t] = running
+    return out
+
+
+def test_reinforce_plus_plus_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    adv, ret = pm.reinforce_plus_plus_advantages(rewards, mask, gamma=0.5)
+    # returns-to-go with γ=0.5: (0.25, 0.5, 1); the padded 9 is ignored
+    close(ret, [[0.25, 0.5, 1.0, 0.0]])
+    # mean 7/12, unbiased std 0.381881 -> (-0.872872, -0.218218, 1.091089)
+    close(adv, [[-0.872872, -0.218218, 1.091089, 0.0]], atol=1e-5)
+
+
+def test_reinforce_plus_plus_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        gamma = (1.0, 0.9, 0.5)[seed]
+        adv, ret = pm.reinforce_plus_plus_advantages(rewards, mask, gamma)
+        expected = ref_discounted_returns(rewards.tolist(), mask.tolist(), gamma)
+        msg = f"seed={seed} kind={kind}"
+        torch.testing.assert_close(ret, torch.tensor(expected, dtype=torch.float64), msg=msg)
+        torch.testing.assert_close(
+            adv, torch.tensor(ref_whiten(expected, mask.tolist()), dtype=torch.float64), msg=msg
+        )
+
+
+# -------------------------------------------------------------------- registry
+
+
+def test_registry_names_and_critic_needs():
+    assert set(pm.ADVANTAGE_ESTIMATORS) == {
+        "gae",
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+    }
+    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_critic(n)] == ["gae"]
+    assert {n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_group_ids(n)} == {
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus_baseline",
+    }
+
+
+def test_registry_unknown_name():
+    for fn in (pm.get_advantage_estimator, pm.needs_critic, pm.needs_group_ids):
+        with pytest.raises(
+            ValueError, match=r"unknown advantage estimator 'ppo'; valid choices: gae, grpo"
+        ):
+            fn("ppo")
+
+
+def test_registry_missing_inputs():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="'gae' needs values"):
+        pm.get_advantage_estimator("gae")(x, torch.ones(2, 3))
+    with pytest.raises(ValueError, match="'rloo' needs group_ids"):
+        pm.get_advantage_estimator("rloo")(x, torch.ones(2, 3))
+
+
+def test_registry_entries_call_the_plain_functions():
+    gen = torch.Generator().manual_seed(3)
+    group_ids = make_groups(gen)
+    mask = mask_for(group_ids.numel(), gen)
+    token_rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    scores = pm.masked_sum(token_rewards, mask, dim=1)
+    kwargs = {"values": values, "group_ids": group_ids, "gamma": 0.9, "lam": 0.95}
+    expected = {
+        "gae": pm.compute_gae_advantages_returns(token_rewards, values, mask, 0.9, 0.95),
+        "grpo": (pm.grpo_advantages(scores, group_ids, mask),) * 2,
+        "rloo": (pm.rloo_advantages(scores, group_ids, mask),) * 2,
+        "reinforce_plus_plus": pm.reinforce_plus_plus_advantages(token_rewards, mask, 0.9),
+        "reinforce_plus_plus_baseline": (
+            pm.reinforce_plus_plus_baseline_advantages(scores, group_ids, mask),
+        )
+        * 2,
+    }
+    for name, (exp_adv, exp_ret) in expected.items():
+        adv, ret = pm.get_advantage_estimator(name)(token_rewards, mask, **kwargs)
+        torch.testing.assert_close(adv, exp_adv, msg=name)
+        torch.testing.assert_close(ret, exp_ret, msg=name)
+    # normalize_advantages reaches GAE's whitening and GRPO's std
+    adv, _ = pm.get_advantage_estimator("gae")(
+        token_rewards, mask, normalize_advantages=False, **kwargs
+    )
+    torch.testing.assert_close(
+        adv, pm.compute_gae_advantages_returns(token_rewards, values, mask, 0.9, 0.95, False)[0]
+    )
+    adv, _ = pm.get_advantage_estimator("grpo")(
+        token_rewards, mask, normalize_advantages=False, **kwargs
+    )
+    torch.testing.assert_close(
+        adv, pm.grpo_advantages(scores, group_ids, mask, normalize_by_std=False)
+    )
+
+
+# ---------------------------------------------------------------------- entropy
+
+
+def test_entropy_by_hand():
+    # uniform over 4 -> ln 4; one-hot-ish (huge logit gap) -> 0;
+    # logits (0, ln 3) -> p = (1/4, 3/4): H = 0.25 ln 4 + 0.75 ln(4/3) = 0.562335
+    logits = torch.tensor(
+        [
+            [
+                [0.0, 0.0, 0.0, 0.0],
+                [1000.0, 0.0, 0.0, 0.0],
+                [0.0, math.log(3.0), -math.inf, -math.inf],
+            ]
+        ]
+    )
+    close(pm.entropy_from_logits(logits), [[math.log(4.0), 0.0, 0.562335]])
+
+
+def test_entropy_stable_for_large_logits_and_matches_loop():
+    gen = torch.Generator().manual_seed(0)
+    logits = 50.0 * torch.randn(3, 4, 6, generator=gen, dtype=torch.float64) + 1e4
+    entropy = pm.entropy_from_logits(logits)
+    assert torch.isfinite(entropy).all()
+    expected = []
+    for row in logits.tolist():
+        out_row = []
+        for z in row:
+            top = max(z)
+            weights = [math.exp(v - top) for v in z]
+            total = sum(weights)
+            out_row.append(-sum(w / total * math.log(w / total) for w in weights if w > 0))
+        expected.append(out_row)
+    torch.testing.assert_close(entropy, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_entropy_gradient_finite_with_masked_vocab():
+    logits = torch.tensor([[[0.5, -math.inf, 1.0]]], requires_grad=True)
+    pm.entropy_from_logits(logits).sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+# ----------------------------------------------------------------- aggregation
+
+
+def test_aggregate_loss_by_hand():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # last row: padding only
+    # token-mean: (1 + 2 + 4) / 3
+    close(pm.aggregate_loss(loss, mask, "token-mean"), 7 / 3)
+    # seq sums 3 and 4 -> mean 3.5 (the empty row is not a sequence)
+    close(pm.aggregate_loss(loss, mask, "seq-mean-token-sum"), 3.5)
+    # seq means 1.5 and 4 -> 2.75
+    close(pm.aggregate_loss(loss, mask, "seq-mean-token-mean"), 2.75)
+
+
+def test_aggregate_loss_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        loss = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        rows = [
+            [x for x, m in zip(r, mr, strict=True) if m]
+            for r, mr in zip(loss.tolist(), mask.tolist(), strict=True)
+        ]
+        rows = [r for r in rows if r]
+        expected = {
+            "token-mean": sum(map(sum, rows)) / sum(map(len, rows)),
+            "seq-mean-token-sum": sum(sum(r) for r in rows) / len(rows),
+            "seq-mean-token-mean": sum(sum(r) / len(r) for r in rows) / len(rows),
+        }
+        for mode, value in expected.items():
+            torch.testing.assert_close(
+                pm.aggregate_loss(loss, mask, mode),
+                torch.tensor(value, dtype=torch.float64),
+                msg=f"{seed} {kind} {mode}",
+            )
+
+
+def test_aggregate_loss_errors():
+    x = torch.ones(2, 3)
+    with pytest.raises(
+        ValueError, match="valid modes: token-mean, seq-mean-token-sum, seq-mean-token-mean"
+    ):
+        pm.aggregate_loss(x, x, "seq-sum")
+    for mode in pm.LOSS_AGG_MODES:
+        with pytest.raises(ValueError, match="all zero"):
+            pm.aggregate_loss(x, torch.zeros(2, 3), mode)
+
+
+# ----------------------------------------------------------------- policy loss
+
+
+def ref_policy_losses(old, new, adv, eps_low, eps_high, dual):
+    """Per-token dual-clip PPO loss, one float at a time."""
+    ratio = math.exp(new - old)
+    loss = max(-adv * ratio, -adv * min(max(ratio, 1 - eps_low), 1 + eps_high))
+    if dual is not None and adv < 0:
+        loss = min(loss, -adv * dual)
+    return loss
+
+
+def hand_policy_batch():
+    # tokens: (A=1, ρ=1.5), (A=-1, ρ=4), (A=-1, ρ=0.5), padding garbage
+    old = torch.zeros(1, 4)
+    new = torch.tensor([[math.log(1.5), math.log(4.0), math.log(0.5), 50.0]])
+    adv = torch.tensor([[1.0, -1.0, -1.0, float("nan")]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    return old, new, adv, mask
+
+
+def test_policy_loss_dual_clip_by_hand():
+    old, new, adv, mask = hand_policy_batch()
+    loss, metrics = pm.policy_loss(old, new, adv, mask, clip_ratio_dual=3.0)
+    # token 1: max(-1.5, -1.2) = -1.2            (ε clip active)
+    # token 2: max(4, 1.2) = 4 -> min(4, 3) = 3 (dual clip active)
+    # token 3: max(0.5, 0.8) = 0.8              (ε clip active)
+    # token-mean: (-1.2 + 3 + 0.8) / 3 = 0.866667
+    close(loss, 2.6 / 3)
+    close(metrics["pg_loss"], 2.6 / 3)
+    close(metrics["pg_clipfrac"], 2 / 3)
+    close(metrics["pg_clipfrac_lower"], 1 / 3)
+    # ppo_kl = mean(old - new) = -(ln 1.5 + ln 4 + ln 0.5) / 3 = -ln 3 / 3
+    close(metrics["ppo_kl"], -math.log(3.0) / 3)
+    assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
+
+
+def test_policy_loss_without_dual_clip_by_hand():
+    old, new, adv, mask = hand_policy_batch()
+    loss, metrics = pm.policy_loss(old, new, adv, mask, clip_ratio_dual=None)
+    # token 2 keeps its loss of 4: (-1.2 + 4 + 0.8) / 3 = 1.2
+    close(loss, 1.2)
+    close(metrics["pg_clipfrac_lower"], 0.0)
+
+
+def test_policy_loss_clip_higher_by_hand():
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[math.log(1.25), math.log(1.25)]])
+    adv = torch.tensor([[1.0, 2.0]])
+    # ε_high = 0.28: ρ = 1.25 is inside the trust region -> loss = -(1.25 + 2.5) / 2
+    loss, metrics = pm.policy_loss(old, new, adv, torch.ones(1, 2), clip_ratio_high=0.28)
+    close(loss, -1.875)
+    close(metrics["pg_clipfrac"], 0.0)
+    # ε_high = 0.2 clips at 1.2 -> -(1.2 + 2.4) / 2
+    loss, metrics = pm.policy_loss(old, new, adv, torch.ones(1, 2), clip_ratio_high=0.2)
+    close(loss, -1.8)
+    close(metrics["pg_clipfrac"], 1.0)
+
+
+def test_policy_loss_gradient_by_hand():
+    # ρ = 1 and A = 2 on the first token: inside the region, d(-A ρ)/d logp = -A ρ = -2;
+    # the second token is clipped (A = 1, ρ = 2 > 1.2): no gradient. Token mean over 2.
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[0.0, math.log(2.0)]], requires_grad=True)
+    adv = torch.tensor([[2.0, 1.0]])
+    loss, _ = pm.policy_loss(old, new, adv, torch.ones(1, 2))
+    loss.backward()
+    close(new.grad, [[-1.0, 0.0]])
+
+
+def test_policy_loss_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        old = -torch.rand(mask.shape, generator=gen, dtype=torch.float64) * 3
+        new = old + 0.5 * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        adv = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        dual = (3.0, None, 1.5)[seed]
+        losses = [
+            [
+                ref_policy_losses(o, n, a, 0.2, 0.28, dual)
+                for o, n, a in zip(ro, rn, ra, strict=True)
+            ]
+            for ro, rn, ra in zip(old.tolist(), new.tolist(), adv.tolist(), strict=True)
+        ]
+        for mode in pm.LOSS_AGG_MODES:
+            loss, metrics = pm.policy_loss(
+                old,
+                new,
+                adv,
+                mask,
+                clip_ratio_low=0.2,
+                clip_ratio_high=0.28,
+                clip_ratio_dual=dual,
+                loss_agg_mode=mode,
+            )
+            expected = pm.aggregate_loss(torch.tensor(losses, dtype=torch.float64), mask, mode)
+            torch.testing.assert_close(loss, expected, msg=f"{seed} {kind} {mode}")
+        # token-level metrics from the loop
+        valid = [
+            (o, n, a)
+            for ro, rn, ra, rm in zip(
+                old.tolist(), new.tolist(), adv.tolist(), mask.tolist(), strict=True
+            )
+            for o, n, a, m in zip(ro, rn, ra, rm, strict=True)
+            if m
+        ]
+        kl = sum(o - n for o, n, _ in valid) / len(valid)
+        torch.testing.assert_close(metrics["ppo_kl"], torch.tensor(kl, dtype=torch.float64))
+
+
+def test_policy_loss_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"clip_ratio_dual must be > 1 \(or None\), got 1.0"):
+        pm.policy_loss(x, x, x, torch.ones(2, 3), clip_ratio_dual=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_low must be in"):
+        pm.policy_loss(x, x, x, torch.ones(2, 3), clip_ratio_low=1.0)
+    with pytest.raises(ValueError, match="advantages has shape"):
+        pm.policy_loss(x, x, torch.zeros(2, 4), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="valid modes"):
+        pm.policy_loss(x, x, x, torch.ones(2, 3), loss_agg_mode="sum")
+
+
+# ------------------------------------------------------------------ value loss
+
+
+def test_value_loss_by_hand():
+    values = torch.tensor([[1.0, 2.0, 50.0]], requires_grad=True)
+    old_values = torch.tensor([[0.0, 1.9, 0.0]])
+    returns = torch.tensor([[1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = pm.value_loss(values, old_values, returns, mask, clip_range=0.2)
+    # token 1: clip(1, -0.2, 0.2) = 0.2; errors (1-1)² = 0 and (0.2-1)² = 0.64 -> 0.64
+    # token 2: clip(2, 1.7, 2.1) = 2; both errors 4 -> 4 (not counted as clipped)
+    # 0.5 * token-mean = 0.5 * (0.64 + 4) / 2 = 1.16
+    close(loss, 1.16)
+    close(metrics["vf_loss"], 1.16)
+    close(metrics["vf_clipfrac"], 0.5)
+    loss.backward()
+    # token 1 takes the clipped branch (constant in V): 0; token 2: 0.5 * 2 * (2 - 0) / 2 = 1
+    close(values.grad, [[0.0, 1.0, 0.0]])
+
+
+def test_value_loss_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        old_values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        values = old_values + 0.5 * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        returns = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        eps = (0.2, 0.5, 0.0)[seed]
+        losses, clipped = [], []
+        for rv, ro, rr in zip(values.tolist(), old_values.tolist(), returns.tolist(), strict=True):
+            losses.append([])
+            clipped.append([])
+            for v, o, r in zip(rv, ro, rr, strict=True):
+                vc = min(max(v, o - eps), o + eps)
+                losses[-1].append(max((v - r) ** 2, (vc - r) ** 2))
+                clipped[-1].append(float((vc - r) ** 2 > (v - r) ** 2))
+        for mode in pm.LOSS_AGG_MODES:
+            loss, metrics = pm.value_loss(
+                values, old_values, returns, mask, clip_range=eps, loss_agg_mode=mode
+            )
+            expected = 0.5 * pm.aggregate_loss(
+                torch.tensor(losses, dtype=torch.float64), mask, mode
+            )
+            torch.testing.assert_close(loss, expected, msg=f"{seed} {kind} {mode}")
+        frac = pm.masked_mean(torch.tensor(clipped, dtype=torch.float64), mask)
+        torch.testing.assert_close(metrics["vf_clipfrac"], frac)
+
+
+def test_value_loss_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="clip_range must be >= 0"):
+        pm.value_loss(x, x, x, torch.ones(2, 3), clip_range=-0.1)
+    with pytest.raises(ValueError, match="returns has shape"):
+        pm.value_loss(x, x, torch.zeros(3, 3), torch.ones(2, 3))
