@@ -1,0 +1,79 @@
+"""Starting Ray and Serve for rlserve: a local cluster, or joining an existing one.
+
+Serve's gRPC proxy serves only the servicers registered when Serve first starts (one
+added later is silently UNIMPLEMENTED), so `start_serve` always registers all of
+rlserve's services, whichever are deployed now. The proxy binds [::]:port whatever the
+host setting says: on a shared network, firewall the gRPC port or run inside a private
+network (KubeRay pods), since the services take no authentication of their own.
+"""
+
+import os
+import socket
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.config import HTTPOptions, ProxyLocation, gRPCOptions
+
+SERVICES = {
+    "rollout": "RolloutService",
+    "critic": "CriticService",
+    "reference": "ReferenceService",
+    "reward": "RewardService",
+    "trainer": "TrainerService",
+}
+SERVICER_FUNCTIONS = [
+    f"rlserve.v1.{module}_pb2_grpc.add_{service}Servicer_to_server"
+    for module, service in SERVICES.items()
+]
+
+# Set before Ray starts: a plain ray.init() otherwise turns token auth on and later
+# `ray start` / `serve deploy` calls fail; usage stats would try the network.
+_RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def apply_ray_env_defaults() -> None:
+    for key, value in _RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (loopback)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_local_ray(
+    num_cpus: int | None = None,
+    temp_dir: Path | None = None,
+    resources: dict[str, float] | None = None,
+    object_store_bytes: int | None = None,
+) -> None:
+    """A private single-node Ray (never touches another Ray running on the machine)."""
+    apply_ray_env_defaults()
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        resources=resources,
+        object_store_memory=object_store_bytes,
+        include_dashboard=False,
+        _temp_dir=str(temp_dir) if temp_dir else None,
+        log_to_driver=True,
+        runtime_env={"env_vars": dict(_RAY_ENV_DEFAULTS)},
+    )
+
+
+def connect_ray(address: str) -> None:
+    """Joins an existing cluster ('auto', 'ray://host:10001' or 'host:6379')."""
+    apply_ray_env_defaults()
+    ray.init(address=address, log_to_driver=True)
+
+
+def start_serve(grpc_port: int, http_port: int | None = None) -> None:
+    """Starts Serve (or attaches to it) with every rlserve servicer on one gRPC port."""
+    serve.start(
+        proxy_location=ProxyLocation.HeadOnly,
+        http_options=HTTPOptions(host="127.0.0.1", port=http_port or free_port()),
+        grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=SERVICER_FUNCTIONS),
+    )

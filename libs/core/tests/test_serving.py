@@ -1,0 +1,91 @@
+"""rpc_method and Deadline through a real Serve gRPC proxy (ReferenceService contract)."""
+
+import grpc
+import pytest
+from ray import serve
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_from_proto
+from rlserve.core.serving import Deadline, deadline_metadata, invalid_argument, rpc_method
+from rlserve.v1 import reference_pb2, reference_pb2_grpc
+
+APP = "serving-probe"
+
+
+@serve.deployment
+class ProbeDeployment:
+    """Answers ComputeRefLogProb according to the batch's meta 'mode'."""
+
+    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
+    async def ComputeRefLogProb(self, request, grpc_context):
+        batch: Batch = batch_from_proto(request.batch)
+        mode = batch.meta.get("mode")
+        if mode == "invalid":
+            raise invalid_argument("batch.tensors['input_ids']", "must be int64")
+        if mode == "crash":
+            raise RuntimeError("überraschung " + "ß" * 20000)
+        if mode == "deadline":
+            Deadline.from_metadata(grpc_context.invocation_metadata()).check("probe")
+        return reference_pb2.ComputeRefLogProbResponse(metrics={"rows": len(batch)})
+
+
+@pytest.fixture(scope="module")
+def stub(serve_cluster):
+    serve.run(ProbeDeployment.bind(), name=APP, route_prefix=f"/{APP}")
+    channel = serve_cluster.channel()
+    yield reference_pb2_grpc.ReferenceServiceStub(channel)
+    serve.delete(APP)
+    channel.close()
+
+
+def _call(stub, mode=None, timeout_s=30.0, extra_metadata=()):
+    from rlserve.core.codec import batch_to_proto
+
+    meta = {"mode": mode} if mode else {}
+    request = reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(Batch(meta=meta)))
+    return stub.ComputeRefLogProb(
+        request, metadata=(("application", APP), *extra_metadata), timeout=timeout_s
+    )
+
+
+def test_ok_then_errors_then_ok(stub):
+    assert _call(stub).metrics["rows"] == 0
+    with pytest.raises(grpc.RpcError) as invalid:
+        _call(stub, "invalid")
+    assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert invalid.value.details() == "batch.tensors['input_ids']: must be int64"
+
+    with pytest.raises(grpc.RpcError) as crash:
+        _call(stub, "crash")
+    assert crash.value.code() == grpc.StatusCode.INTERNAL
+    assert crash.value.details().startswith("ComputeRefLogProb failed: RuntimeError: überraschung")
+    assert "Traceback" not in crash.value.details()
+    assert crash.value.details().endswith("...")
+    assert _call(stub).metrics["rows"] == 0  # the replica keeps serving
+
+
+def test_malformed_tensor_is_invalid_argument(stub):
+    from rlserve.v1 import common_pb2
+
+    request = reference_pb2.ComputeRefLogProbRequest()
+    request.batch.tensors["x"].CopyFrom(
+        common_pb2.Tensor(dtype=common_pb2.DTYPE_FLOAT32, shape=[3], data=b"\0" * 5)
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        stub.ComputeRefLogProb(request, metadata=(("application", APP),), timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tensors['x'].data" in error.value.details()
+
+
+def test_caller_deadline_reaches_the_replica(stub):
+    assert _call(stub, "deadline", extra_metadata=(deadline_metadata(30.0),)).metrics["rows"] == 0
+    with pytest.raises(grpc.RpcError) as error:
+        _call(stub, "deadline", extra_metadata=(deadline_metadata(-1.0),))
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "deadline passed during probe" in error.value.details()
+
+
+def test_unparsable_deadline_is_invalid_argument():
+    with pytest.raises(Exception, match="rlserve-deadline-unix-s: not a number"):
+        Deadline.from_metadata([("rlserve-deadline-unix-s", "soon")])
+    assert Deadline.from_metadata([]).remaining_s() == float("inf")
