@@ -1,0 +1,91 @@
+"""Request checks every service shares; each failure names the field and the fix.
+
+They raise `RpcError`s (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) that `rpc_method` turns
+into gRPC statuses, so a bad request never reaches a model and the replica keeps serving.
+"""
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.serving import invalid_argument, resource_exhausted
+
+_ID_DTYPES = (torch.int64, torch.int32)
+
+
+def require_rows(batch: Batch, max_rows: int, field: str = "batch") -> None:
+    """A non-empty batch of at most max_rows rows."""
+    if len(batch) == 0:
+        raise invalid_argument(field, "empty batch; send at least one row")
+    if len(batch) > max_rows:
+        raise resource_exhausted(
+            field, f"{len(batch)} rows exceed this service's limit of {max_rows}; split it"
+        )
+
+
+def require_tensor(
+    batch: Batch,
+    key: str,
+    dtypes: tuple[torch.dtype, ...],
+    ndim: int,
+    field: str = "batch",
+) -> torch.Tensor:
+    """The tensor `key`, checked for presence, dtype and rank."""
+    name = f"{field}.tensors[{key!r}]"
+    if key not in batch.tensors:
+        raise invalid_argument(name, f"missing; this call needs it (has {sorted(batch.tensors)})")
+    tensor = batch.tensors[key]
+    if tensor.dtype not in dtypes:
+        allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise invalid_argument(name, f"dtype must be {allowed}, got {tensor.dtype}")
+    if tensor.dim() != ndim:
+        raise invalid_argument(name, f"must have {ndim} dims, got shape {list(tensor.shape)}")
+    return tensor
+
+
+def require_token_ids(
+    batch: Batch, key: str, vocab_size: int, field: str = "batch"
+) -> torch.Tensor:
+    """An int tensor [B, S] of ids in 0..vocab_size-1, returned as int64."""
+    ids = require_tensor(batch, key, _ID_DTYPES, 2, field)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise invalid_argument(
+            f"{field}.tensors[{key!r}]",
+            f"token ids must lie in 0..{vocab_size - 1}, got {int(ids.min())}..{int(ids.max())}",
+        )
+    return ids.long()
+
+
+def require_mask(
+    batch: Batch, key: str, like: torch.Tensor, like_key: str, field: str = "batch"
+) -> torch.Tensor:
+    """A 0/1 mask with the shape of `like`, returned as int64."""
+    mask = require_tensor(batch, key, (*_ID_DTYPES, torch.bool), 2, field)
+    name = f"{field}.tensors[{key!r}]"
+    if mask.shape != like.shape:
+        raise invalid_argument(
+            name, f"shape {list(mask.shape)} must match {like_key} {list(like.shape)}"
+        )
+    if mask.dtype != torch.bool and mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+        raise invalid_argument(name, "must hold only 0 and 1")
+    return mask.long()
+
+
+def require_finite(tensor: torch.Tensor, name: str, field: str = "batch") -> torch.Tensor:
+    """A float tensor with no NaN or infinity."""
+    if not tensor.is_floating_point():
+        raise invalid_argument(f"{field}.tensors[{name!r}]", f"must be float, got {tensor.dtype}")
+    if not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise invalid_argument(
+            f"{field}.tensors[{name!r}]", f"{bad} values are NaN or infinite; all must be finite"
+        )
+    return tensor
+
+
+def require_non_tensor(batch: Batch, key: str, field: str = "batch") -> list:
+    if key not in batch.non_tensors:
+        raise invalid_argument(
+            f"{field}.non_tensors[{key!r}]",
+            f"missing; this call needs it (has {sorted(batch.non_tensors)})",
+        )
+    return batch.non_tensors[key]
