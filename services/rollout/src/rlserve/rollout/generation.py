@@ -1,0 +1,58 @@
+"""The interface every generation engine of the rollout service implements.
+
+Engines work on plain token-id lists, so the same worker code turns their output into
+the batch tensors (left-padded prompts, right-padded responses, masks) whichever engine
+ran: `hf` (transformers generate) or `vllm` (vLLM in-process).
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Validated sampling parameters (from rlserve.v1.SamplingParams)."""
+
+    temperature: float
+    """0 = greedy."""
+    top_p: float
+    """Nucleus mass in (0, 1]; 1 = off."""
+    top_k: int
+    """-1 = off, else >= 1."""
+    max_new_tokens: int
+    """Most generated tokens per response."""
+    responses_per_prompt: int
+    """n >= 1; the n responses of a prompt are adjacent in the output."""
+    seed: int | None
+    """Sampling seed; None = nondeterministic."""
+    ignore_eos: bool
+    """Keep generating past EOS (benchmarks)."""
+    return_log_probs: bool
+    """Also return the engine's log-prob of each sampled token."""
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Responses for B prompts × n samples, prompt-major (all n of prompt 0 first)."""
+
+    response_ids: list[list[int]]
+    """Token ids per sample, ending with EOS when it was produced; ≤ max_new_tokens."""
+    log_probs: list[list[float]] | None
+    """Per-token log-probs of response_ids under the sampling distribution, if asked."""
+
+
+class GenerationEngine(Protocol):
+    """What the rollout worker needs from an engine."""
+
+    name: str
+    """'hf' or 'vllm'."""
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
+        """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replaces the engine's weights with the actor's (HF parameter names)."""
+        ...
