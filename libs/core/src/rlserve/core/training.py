@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-DS_CHECKPOINT_TAG = "latest"
+# Not "latest": DeepSpeed writes a file of that name holding the newest tag.
+DS_CHECKPOINT_TAG = "state"
 
 
 def deepspeed_config(
@@ -92,6 +93,9 @@ def save_training_checkpoint(engine: Any, directory: Path, client_state: dict) -
 
 def load_training_checkpoint(engine: Any, directory: Path) -> dict:
     """Restores what save_training_checkpoint wrote; returns its client_state."""
+    # DeepSpeed asserts deep inside on a missing checkpoint; say what is missing instead.
+    if not (Path(directory) / DS_CHECKPOINT_TAG).is_dir():
+        raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
     path, client_state = engine.load_checkpoint(
         str(directory), tag=DS_CHECKPOINT_TAG, load_optimizer_states=True
     )

@@ -1,0 +1,116 @@
+import grpc
+import pytest
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.serving import RpcError
+from rlserve.core.validation import (
+    require_finite,
+    require_mask,
+    require_non_tensor,
+    require_rows,
+    require_tensor,
+    require_token_ids,
+)
+
+
+def _raises(code, pattern, fn, *args, **kwargs):
+    with pytest.raises(RpcError, match=pattern) as error:
+        fn(*args, **kwargs)
+    assert error.value.code == code
+
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_rows_empty_and_oversized():
+    batch = Batch(tensors={"x": torch.zeros(3, 1)})
+    require_rows(batch, max_rows=3)
+    _raises(INVALID, r"^batch: empty batch", require_rows, Batch(), 3)
+    _raises(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, r"3 rows exceed .* limit of 2", require_rows, batch, 2
+    )
+
+
+def test_tensor_presence_dtype_and_rank():
+    batch = Batch(tensors={"ids": torch.zeros(2, 3, dtype=torch.int32)})
+    assert require_tensor(batch, "ids", (torch.int32,), 2).shape == (2, 3)
+    _raises(
+        INVALID,
+        r"batch.tensors\['mask'\]: missing.*\['ids'\]",
+        require_tensor,
+        batch,
+        "mask",
+        (torch.int64,),
+        2,
+    )
+    _raises(
+        INVALID,
+        r"dtype must be float32, got torch.int32",
+        require_tensor,
+        batch,
+        "ids",
+        (torch.float32,),
+        2,
+    )
+    _raises(
+        INVALID,
+        r"must have 3 dims, got shape \[2, 3\]",
+        require_tensor,
+        batch,
+        "ids",
+        (torch.int32,),
+        3,
+    )
+
+
+def test_token_ids_in_vocab():
+    batch = Batch(tensors={"ids": torch.tensor([[0, 5], [9, 2]])})
+    assert require_token_ids(batch, "ids", vocab_size=10).dtype == torch.int64
+    _raises(INVALID, r"token ids must lie in 0..8, got 0..9", require_token_ids, batch, "ids", 9)
+    negative = Batch(tensors={"ids": torch.tensor([[-1]])})
+    _raises(INVALID, r"got -1..-1", require_token_ids, negative, "ids", 9)
+
+
+def test_mask_shape_and_values():
+    ids = torch.zeros(2, 3, dtype=torch.int64)
+    good = Batch(tensors={"m": torch.tensor([[1, 1, 0], [0, 1, 1]])})
+    assert require_mask(good, "m", ids, "input_ids").tolist() == [[1, 1, 0], [0, 1, 1]]
+    short = Batch(tensors={"m": torch.ones(2, 2, dtype=torch.int64)})
+    _raises(
+        INVALID,
+        r"shape \[2, 2\] must match input_ids \[2, 3\]",
+        require_mask,
+        short,
+        "m",
+        ids,
+        "input_ids",
+    )
+    twos = Batch(tensors={"m": torch.full((2, 3), 2)})
+    _raises(INVALID, r"must hold only 0 and 1", require_mask, twos, "m", ids, "input_ids")
+    boolean = Batch(tensors={"m": torch.ones(2, 3, dtype=torch.bool)})
+    assert require_mask(boolean, "m", ids, "input_ids").dtype == torch.int64
+
+
+def test_finite():
+    require_finite(torch.tensor([0.0, -1.0]), "advantages")
+    _raises(
+        INVALID,
+        r"\['advantages'\]: 2 values are NaN or infinite",
+        require_finite,
+        torch.tensor([float("nan"), 1.0, float("inf")]),
+        "advantages",
+    )
+    _raises(INVALID, r"must be float", require_finite, torch.tensor([1]), "advantages")
+
+
+def test_non_tensor():
+    batch = Batch(non_tensors={"ground_truth": ["1", "2"]})
+    assert require_non_tensor(batch, "ground_truth") == ["1", "2"]
+    _raises(
+        INVALID,
+        r"non_tensors\['response_text'\]: missing",
+        require_non_tensor,
+        batch,
+        "response_text",
+    )

@@ -1,0 +1,68 @@
+"""WorkerGroup on the session's Ray cluster: rendezvous, split/pad/collect, per-rank calls."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.workers import WorkerGroup, distributed_address, init_process_group
+
+
+class RankWorker:
+    """Tags each row with its rank; all_reduce proves one process group."""
+
+    def __init__(self, rank: int, world_size: int, offset: int):
+        self.rank, self.world_size, self.offset = rank, world_size, offset
+
+    def node_address(self):
+        return distributed_address()
+
+    def init_distributed(self, address, port):
+        init_process_group(self.rank, self.world_size, address, port)
+
+    def tag(self, batch: Batch) -> Batch:
+        rows = batch["x"] + self.offset
+        ranks = torch.full_like(rows, self.rank)
+        return Batch(tensors={"x": rows, "rank": ranks})
+
+    def rank_sum(self) -> int:
+        import torch.distributed as dist
+
+        total = torch.tensor([self.rank])
+        dist.all_reduce(total)
+        return int(total)
+
+    def echo(self, item):
+        return (self.rank, item)
+
+
+@pytest.fixture(scope="module")
+def group(serve_cluster):
+    workers = WorkerGroup(RankWorker, 3, {"offset": 100}, num_cpus_per_worker=0.5)
+    yield workers
+    workers.shutdown()
+
+
+def test_ranks_form_one_process_group(group):
+    assert asyncio.run(group.run_all("rank_sum")) == [3, 3, 3]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 9])
+def test_run_split_collects_in_order_without_padding(group, rows):
+    batch = Batch(tensors={"x": torch.arange(rows)})
+    result = asyncio.run(group.run_split("tag", batch))
+    assert result["x"].tolist() == [r + 100 for r in range(rows)]
+    share = -(-rows // 3)  # ceil: padded so each rank gets an equal share
+    assert result["rank"].tolist() == [r // share for r in range(rows)]
+
+
+def test_run_each_sends_rank_i_its_item(group):
+    assert asyncio.run(group.run_each("echo", ["a", "b", "c"])) == [(0, "a"), (1, "b"), (2, "c")]
+    with pytest.raises(ValueError, match="got 2 inputs for 3 workers"):
+        asyncio.run(group.run_each("echo", ["a", "b"]))
+
+
+def test_rejects_empty_group():
+    with pytest.raises(ValueError, match="num_workers: must be >= 1"):
+        WorkerGroup(RankWorker, 0, {"offset": 0})
