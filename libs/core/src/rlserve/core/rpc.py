@@ -1,0 +1,90 @@
+"""Calling rlserve services: the one retry policy and deadline handling for every client.
+
+Each call carries the Serve `application` metadata key (which app on the shared proxy),
+a gRPC deadline, and the same deadline as metadata so the service can stop work the
+caller will no longer wait for (Serve's proxy does not pass gRPC deadlines through).
+Retries cover transient failures only — UNAVAILABLE (no replica yet, proxy restarting)
+and INTERNAL from a replica that died (Serve restarts it in ≈ 3 s) — and never an
+INVALID_ARGUMENT or FAILED_PRECONDITION, which would fail again. Updates are safe to
+retry because they carry their step number and services apply a step once.
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from rlserve.core.serving import deadline_metadata
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 1 << 30
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retries: int = 2
+    """Extra attempts after the first (0 = try once)."""
+    initial_backoff_s: float = 0.5
+    """Wait before the first retry; doubles each retry."""
+    max_backoff_s: float = 8.0
+    """Longest wait between attempts."""
+    retryable: frozenset[grpc.StatusCode] = frozenset(
+        {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL}
+    )
+    """Statuses worth another attempt."""
+
+
+class ServiceClient:
+    """Async client of one rlserve service (one Serve application) on a shared channel."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        stub_cls: type,
+        application: str,
+        timeout_s: float,
+        policy: RetryPolicy = RetryPolicy(),
+    ):
+        self.stub = stub_cls(channel)
+        self.application = application
+        self.timeout_s = timeout_s
+        self.policy = policy
+
+    async def call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
+        """Calls `rpc` with retries; raises the last grpc.aio.AioRpcError when out of tries."""
+        timeout_s = timeout_s or self.timeout_s
+        method = getattr(self.stub, rpc)
+        backoff_s = self.policy.initial_backoff_s
+        for attempt in range(self.policy.retries + 1):
+            metadata = (("application", self.application), deadline_metadata(timeout_s))
+            try:
+                return await method(request, metadata=metadata, timeout=timeout_s)
+            except grpc.aio.AioRpcError as error:
+                last_try = attempt == self.policy.retries
+                if last_try or error.code() not in self.policy.retryable:
+                    raise
+                logger.warning(
+                    "%s.%s failed with %s (%s); retry %d/%d in %.1f s",
+                    self.application,
+                    rpc,
+                    error.code().name,
+                    error.details(),
+                    attempt + 1,
+                    self.policy.retries,
+                    backoff_s,
+                )
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self.policy.max_backoff_s)
+        raise AssertionError("unreachable")
+
+
+def open_channel(address: str) -> grpc.aio.Channel:
+    """An insecure channel to Serve's gRPC proxy with large message limits."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)

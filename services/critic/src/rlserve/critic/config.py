@@ -1,0 +1,85 @@
+"""The critic service's configuration: one typed, documented, validated model.
+
+Batch sizes say their unit and scope in their names: `ppo_mini_batch_samples` is global
+(summed over workers), `micro_batch_samples` and `forward_micro_batch_samples` are per
+worker. The validator checks here what would otherwise fail deep inside DeepSpeed: a
+mini-batch must split evenly over the workers and each worker's share evenly into
+micro-batches, so every rank runs the same number of backward passes per optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlserve.core.config import ConfigError, ConfigModel
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class CriticServiceConfig(ConfigModel):
+    """A value model (causal-LM backbone + scalar head) behind CriticService."""
+
+    model_path: str
+    """Causal-LM directory (HF format) the backbone starts from; the value head starts at
+    zero, so every initial value is 0."""
+    dtype: Dtype = "float32"
+    """Parameter dtype of the model (bfloat16/float16 turn on DeepSpeed's mixed precision)."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel workers (DeepSpeed ranks), one Ray actor each."""
+    num_cpus_per_worker: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least 1)."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
+    lr: float = Field(1e-3, gt=0)
+    """Learning rate of AdamW."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    ppo_epochs: int = Field(2, ge=1)
+    """Passes over each UpdateCritic batch."""
+    ppo_mini_batch_samples: int = Field(64, ge=1)
+    """Samples per optimizer step, across all workers; an update's rows must be a multiple."""
+    micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward/backward pass on one worker; gradients accumulate over a
+    worker's share of the mini-batch."""
+    cliprange_value: float = Field(0.2, ge=0)
+    """Value clip ε: in the loss a new value moves at most ε from the request's old value."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses become one number: mean over all tokens of a mini-batch, or
+    per-sequence sum/mean then mean over sequences."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    forward_micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward pass of ComputeValues on one worker."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
+
+    @model_validator(mode="after")
+    def _batches_split_evenly(self) -> CriticServiceConfig:
+        if self.ppo_mini_batch_samples % self.workers:
+            raise ConfigError(
+                "workers",
+                f"must divide ppo_mini_batch_samples ({self.ppo_mini_batch_samples}) so each "
+                f"worker gets an equal share of a mini-batch; got {self.workers}",
+            )
+        share = self.ppo_mini_batch_samples // self.workers
+        if share % self.micro_batch_samples and self.micro_batch_samples < share:
+            raise ConfigError(
+                "micro_batch_samples",
+                f"must divide each worker's share of a mini-batch, {share} samples "
+                f"(ppo_mini_batch_samples {self.ppo_mini_batch_samples} / workers "
+                f"{self.workers}); got {self.micro_batch_samples}",
+            )
+        return self
+
+    @property
+    def worker_mini_batch_samples(self) -> int:
+        """One worker's share of a mini-batch."""
+        return self.ppo_mini_batch_samples // self.workers
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches (backward passes) per worker per optimizer step."""
+        return max(1, self.worker_mini_batch_samples // self.micro_batch_samples)

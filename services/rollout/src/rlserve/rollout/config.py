@@ -1,0 +1,129 @@
+"""The rollout service's configuration: one typed, documented, validated model.
+
+Batch sizes carry their unit and scope in their names: `ppo_mini_batch_samples` and
+`max_batch_samples` are global (the whole request, summed over workers);
+`micro_batch_samples` and `logprob_micro_batch_samples` are per worker. The validator
+checks here what would otherwise fail deep inside DeepSpeed: a mini-batch must split
+evenly over the workers and each worker's share evenly into micro-batches, so every rank
+runs the same number of backward passes per optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlserve.core.config import ConfigError, ConfigModel
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KlKind = Literal["k1", "k2", "k3", "abs"]
+
+
+class RolloutServiceConfig(ConfigModel):
+    """The actor (generation + PPO training of one policy) behind RolloutService."""
+
+    model_path: str
+    """Local Hugging Face model directory (config, tokenizer, weights) of the policy."""
+    dtype: Dtype = "float32"
+    """Parameter dtype of the training model and the generation engine (bfloat16/float16
+    turn on DeepSpeed's mixed precision)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: transformers `generate` ('hf') or vLLM in-process ('vllm')."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel workers (DeepSpeed ranks), one Ray actor each, each with its own
+    generation engine."""
+    num_cpus_per_worker: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per worker."""
+    torch_threads_per_worker: int = Field(1, ge=1)
+    """torch intra-op threads in each worker (keep workers × threads ≤ physical cores)."""
+    placement_group_name: str | None = None
+    """Existing named placement group to put worker i in bundle i; None = Ray decides."""
+    seed: int = 0
+    """Seed of the mini-batch shuffling and of the generation engine's default state."""
+
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
+    lr: float = Field(2e-4, gt=0)
+    """Learning rate of the actor's AdamW optimizer."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value (DeepSpeed's gradient_clipping)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each UpdateActor batch."""
+    ppo_mini_batch_samples: int = Field(64, ge=1)
+    """Samples per optimizer step, across all workers; an update's rows must be a multiple."""
+    micro_batch_samples: int = Field(16, ge=1)
+    """Samples per forward/backward pass on one worker; gradients accumulate over a
+    worker's share of the mini-batch."""
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
+    clip_ratio_high: float = Field(0.2, ge=0)
+    """PPO clip: the ratio is kept below 1 + clip_ratio_high."""
+    clip_ratio_dual: float | None = Field(None, gt=1)
+    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token losses of a micro-batch become one number: mean over all tokens, or
+    per-sequence sum/mean then mean over sequences."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    use_kl_loss: bool = False
+    """Add a KL(policy‖reference) loss term; UpdateActor batches then need ref_log_probs."""
+    kl_loss_coef: float = Field(0.04, ge=0)
+    """Weight of the KL loss term; used only when use_kl_loss."""
+    kl_loss_kind: KlKind = "k3"
+    """KL estimator of the KL loss term."""
+
+    logprob_micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward pass of ComputeLogProb on one worker."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one request may carry or produce (prompts × responses for generation);
+    larger requests get RESOURCE_EXHAUSTED."""
+    max_new_tokens_limit: int = Field(1024, ge=1)
+    """Largest sampling.max_new_tokens a GenerateSequences request may ask for."""
+    kept_update_results: int = Field(16, ge=1)
+    """Results of the most recent UpdateActor steps kept to answer retries idempotently."""
+    worker_call_timeout_s: float = Field(1800.0, gt=0)
+    """Upper bound on one call to the workers, in seconds (the caller's deadline, when
+    sooner, bounds generation and log-prob calls too)."""
+
+    @model_validator(mode="after")
+    def _batches_split_evenly(self) -> RolloutServiceConfig:
+        issues: list[tuple[str, str]] = []
+        if self.use_kl_loss and self.kl_loss_coef == 0:
+            issues.append(
+                ("kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off")
+            )
+        if self.ppo_mini_batch_samples % self.workers:
+            issues.append(
+                (
+                    "workers",
+                    f"must divide ppo_mini_batch_samples ({self.ppo_mini_batch_samples}) so "
+                    f"each worker gets an equal share of a mini-batch; got {self.workers}",
+                )
+            )
+        elif self.worker_mini_batch_samples % self.micro_batch_samples:
+            share = self.worker_mini_batch_samples
+            issues.append(
+                (
+                    "micro_batch_samples",
+                    f"must divide each worker's share of a mini-batch, {share} samples "
+                    f"(ppo_mini_batch_samples {self.ppo_mini_batch_samples} / workers "
+                    f"{self.workers}); got {self.micro_batch_samples}",
+                )
+            )
+        if issues:
+            raise ConfigError(issues)
+        return self
+
+    @property
+    def worker_mini_batch_samples(self) -> int:
+        """One worker's share of a mini-batch."""
+        return self.ppo_mini_batch_samples // self.workers
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches per optimizer step on each worker."""
+        return self.worker_mini_batch_samples // self.micro_batch_samples

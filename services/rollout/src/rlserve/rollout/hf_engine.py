@@ -1,0 +1,124 @@
+"""The 'hf' generation engine: transformers `generate` on an inference copy of the policy.
+
+Choices:
+- The engine owns its own copy of the model (eval mode, no grad), separate from the
+  DeepSpeed training module, so generation never touches optimizer-owned (possibly
+  ZeRO-partitioned) parameters; `load_weights` copies the actor's weights in after each
+  update.
+- Prompts are left-padded into one batch and each is repeated n times up front (prompt
+  major), so greedy decoding with n > 1 works too (transformers refuses
+  num_return_sequences > 1 without sampling) and the KV cache serves the whole batch.
+- Sampling: temperature, then top-k, then top-p (transformers' processor order, as in
+  vLLM). A seeded call runs under a forked RNG, so it is reproducible and leaves the
+  process's global RNG untouched.
+- Log-probs are those of the sampled token under softmax(logits / T), the temperature-
+  scaled distribution before top-k/top-p truncation (T = 1 when greedy): exactly what
+  ComputeLogProb computes from a full forward pass, so the two agree (≈ 1e-6 in fp32).
+- A response ends with the first EOS when the request stops at EOS; after a row finishes,
+  transformers fills it with the pad id, which is cut off here.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from rlserve.core.modeling import load_causal_lm, load_tokenizer
+from rlserve.rollout.generation import Generated, SamplingSettings
+
+
+class HFGenerationEngine:
+    """transformers causal LM + KV cache, batched with left padding."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, dtype: str = "float32"):
+        self.model = load_causal_lm(model_path, dtype).eval().requires_grad_(False)
+        tokenizer = load_tokenizer(model_path)
+        self.pad_token_id: int = tokenizer.pad_token_id
+        self.eos_token_ids: frozenset[int] = _eos_token_ids(self.model, tokenizer)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
+        """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+        if not prompt_ids:
+            return Generated(response_ids=[], log_probs=[] if sampling.return_log_probs else None)
+        n = sampling.responses_per_prompt
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        input_ids, attention_mask = self._left_pad(rows)
+        greedy = sampling.temperature == 0
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            # None switches the processors off; transformers' defaults would turn top-k on.
+            top_k=None if greedy or sampling.top_k == -1 else sampling.top_k,
+            top_p=None if greedy or sampling.top_p >= 1 else sampling.top_p,
+            eos_token_id=None if sampling.ignore_eos else sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=sampling.return_log_probs,
+            use_cache=True,
+        )
+        with torch.random.fork_rng(devices=[], enabled=sampling.seed is not None):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            output = self.model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+            )
+        new_tokens = output.sequences[:, input_ids.shape[1] :]
+        lengths = self._response_lengths(new_tokens, stop_at_eos=not sampling.ignore_eos)
+        response_ids = [row[:length].tolist() for row, length in zip(new_tokens, lengths)]
+        log_probs = None
+        if sampling.return_log_probs:
+            temperature = 1.0 if greedy else sampling.temperature
+            # output.logits: one [rows, V] tensor per step, before any logits processor.
+            logits = torch.stack(output.logits, dim=1).float() / temperature
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1))
+            log_probs = [
+                row[:length].tolist() for row, length in zip(picked.squeeze(-1), lengths)
+            ]
+        return Generated(response_ids=response_ids, log_probs=log_probs)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copies the actor's weights in (HF parameter names; tied weights may be absent)."""
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        if unexpected:
+            raise ValueError(f"weights not in the generation model: {sorted(unexpected)[:5]}")
+        # A tied weight (e.g. lm_head = embeddings) shares storage with a loaded one.
+        own = self.model.state_dict()
+        loaded = {own[k].data_ptr() for k in state_dict}
+        untied = [k for k in missing if own[k].data_ptr() not in loaded]
+        if untied:
+            raise ValueError(f"weights missing for the generation model: {sorted(untied)[:5]}")
+
+    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(ids) for ids in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, ids in enumerate(rows):
+            if ids:
+                input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[i, width - len(ids) :] = 1
+        return input_ids, attention_mask
+
+    def _response_lengths(self, new_tokens: torch.Tensor, stop_at_eos: bool) -> list[int]:
+        """Tokens per row up to and including the first EOS (all of them without EOS)."""
+        width = new_tokens.shape[1]
+        if not stop_at_eos or width == 0:
+            return [width] * new_tokens.shape[0]
+        is_eos = torch.isin(new_tokens, torch.tensor(sorted(self.eos_token_ids)))
+        # argmax finds the first True; rows without EOS ran the full width (unfinished rows
+        # have no pad fill: generation stops only when every row has finished).
+        first = is_eos.int().argmax(dim=1)
+        return [int(f) + 1 if has else width for f, has in zip(first, is_eos.any(dim=1))]
+
+
+def _eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    """The model's generation EOS ids (some chat models have several), else the tokenizer's."""
+    configured = model.generation_config.eos_token_id
+    if configured is None:
+        configured = tokenizer.eos_token_id
+    if configured is None:
+        raise ValueError("the model and its tokenizer define no EOS token")
+    return frozenset([configured] if isinstance(configured, int) else configured)

@@ -1,0 +1,72 @@
+"""The trainer's own math for one step: KL-penalised token rewards and advantages.
+
+Input is the step's batch after the concurrent forwards (old log-probs, ref log-probs
+when a reference is used, values when a critic is, scores); output is what the updates
+need (advantages, returns) plus metrics. Pure: no services, no I/O.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.ppo_math import (
+    get_advantage_estimator,
+    kl_penalty,
+    masked_mean,
+    needs_critic,
+    needs_group_ids,
+    token_rewards_with_kl_penalty,
+)
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    estimator: str
+    """Name in ppo_math.ADVANTAGE_ESTIMATORS ("gae", "grpo", ...)."""
+    gamma: float
+    lam: float
+    whiten_advantages: bool
+    kl_kind: str
+    """KL estimator for the in-reward penalty ("k1", "k2", "k3", "abs")."""
+    kl_in_reward: bool
+    """Penalise KL in the token rewards (False when the actor uses a KL loss instead)."""
+
+
+def compute_advantages(
+    batch: Batch, settings: AdvantageSettings, kl_coef: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Returns ({"advantages", "returns"} (B, R) float32, metrics of 0-dim tensors).
+
+    Needs tensors response_mask, scores, old_log_probs; ref_log_probs when
+    settings.kl_in_reward; values for "gae"; non-tensor uid for group estimators.
+    """
+    mask = batch["response_mask"].float()
+    scores = batch["scores"].float()
+    if settings.kl_in_reward and "ref_log_probs" in batch.tensors:
+        token_kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_kind)
+        coef = kl_coef
+    else:
+        token_kl, coef = torch.zeros_like(mask), 0.0
+    token_rewards, metrics = token_rewards_with_kl_penalty(scores, token_kl, mask, coef)
+    if "ref_log_probs" in batch.tensors and not settings.kl_in_reward:
+        # Still report the drift from the reference, which a KL loss controls.
+        drift = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_kind)
+        metrics["kl_mean"] = masked_mean(drift, mask)
+
+    values = batch["values"].float() if needs_critic(settings.estimator) else None
+    group_ids = None
+    if needs_group_ids(settings.estimator):
+        group_ids = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
+    advantages, returns = get_advantage_estimator(settings.estimator)(
+        token_rewards,
+        mask,
+        values=values,
+        group_ids=group_ids,
+        gamma=settings.gamma,
+        lam=settings.lam,
+        normalize_advantages=settings.whiten_advantages,
+    )
+    metrics["advantages_mean"] = masked_mean(advantages, mask)
+    metrics["returns_mean"] = masked_mean(returns, mask)
+    return {"advantages": advantages.float(), "returns": returns.float()}, metrics
