@@ -402,6 +402,24 @@ class TrainerConfig(ConfigModel):
     """Retries of a call that failed with a retryable status (0 = try once)."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """Span export to an OTLP backend."""
+    control_port: int | None = Field(0, ge=0, le=65535)
+    """Port of the trainer's own gRPC control service (status, checkpoint now, stop);
+    0 picks a free port (written to run_dir/control_address), None serves none."""
+    deploy_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait for the services to be deployed and running, in seconds."""
+    serve_grpc_port: int = Field(0, ge=0, le=65535)
+    """Port of Serve's gRPC proxy, where the services answer; 0 picks a free port (local
+    cluster only: with ray_address set, give the port the cluster's Serve uses)."""
+
+    @model_validator(mode="after")
+    def _remote_cluster_names_its_port(self) -> TrainerConfig:
+        if self.ray_address is not None and self.serve_grpc_port == 0:
+            raise ConfigError(
+                "serve_grpc_port",
+                "must be set when ray_address is set (the port of that cluster's Serve gRPC "
+                "proxy, e.g. 9000)",
+            )
+        return self
 
 
 # --- the run ----------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""The `rlserve` command.
+
+  rlserve train [--config FILE] [section.field=value ...]   new run (default: embedded)
+  rlserve resume RUN_DIR [section.field=value ...]          continue from the last checkpoint
+  rlserve config [--config FILE] [--describe] [overrides]   print the resolved config / fields
+
+Config errors exit with status 2 before anything starts, naming the field.
+"""
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rlserve.core.config import ConfigError, describe_config, dump_config, load_config
+from rlserve.core.run_config import RunConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlserve", description="PPO over rlserve services")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="start a new run")
+    train.add_argument("--config", type=Path, help="YAML run config (default: embedded)")
+    train.add_argument("overrides", nargs="*", help="section.field=value")
+    resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
+    resume.add_argument("run_dir", type=Path)
+    resume.add_argument("overrides", nargs="*", help="section.field=value, e.g. more steps")
+    show = commands.add_parser("config", help="print the resolved config")
+    show.add_argument("--config", type=Path)
+    show.add_argument("--describe", action="store_true", help="list every field with its doc")
+    show.add_argument("overrides", nargs="*")
+    return parser
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("ray").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "resume":
+            config = load_config(RunConfig, args.run_dir / "config.yaml", args.overrides)
+        else:
+            config = load_config(RunConfig, args.config, args.overrides)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        print(describe_config(RunConfig) if args.describe else dump_config(config), end="")
+        return 0
+
+    from rlserve.trainer.run import new_run_dir, print_summary, train
+
+    _quiet_libraries()
+    if args.command == "train":
+        summary = train(config, new_run_dir(config))
+    else:
+        summary = train(config, args.run_dir, resume=True)
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""The PPO loop: one step = generate, four concurrent forwards, advantages, two updates.
+
+The trainer owns no model. Every model call is a gRPC call to a service (through the
+shared Serve proxy) with a deadline and the retry policy of rlserve.core.rpc; updates
+carry their step number so a retried update is never applied twice. Generation is
+on-policy: each request names the weights version it expects, and the version the
+actor reports after an update becomes the next expectation (staleness is recorded, and
+is 0 in this synchronous loop).
+"""
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.ppo_math import AdaptiveKLController, FixedKLController, masked_mean
+from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
+from rlserve.core.run_config import RunConfig
+from rlserve.trainer.advantages import AdvantageSettings, compute_advantages
+from rlserve.trainer.checkpoint import (
+    checkpoint_dir,
+    restore_rng,
+    rng_state,
+    write_trainer_state,
+)
+from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
+from rlserve.v1 import (
+    critic_pb2,
+    critic_pb2_grpc,
+    reference_pb2,
+    reference_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+)
+
+SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+
+
+@dataclass
+class Clients:
+    rollout: ServiceClient
+    reward: ServiceClient
+    reference: ServiceClient | None
+    critic: ServiceClient | None
+
+    @classmethod
+    def connect(cls, address: str, config: RunConfig, roles: set[str]) -> "Clients":
+        channel = open_channel(address)
+        policy = RetryPolicy(retries=config.trainer.rpc_retries)
+        timeout_s = config.trainer.rpc_timeout_s
+
+        def client(stub_cls: type, role: str) -> ServiceClient | None:
+            if role not in roles:
+                return None
+            return ServiceClient(channel, stub_cls, role, timeout_s, policy)
+
+        return cls(
+            rollout=client(rollout_pb2_grpc.RolloutServiceStub, "rollout"),
+            reward=client(reward_pb2_grpc.RewardServiceStub, "reward"),
+            reference=client(reference_pb2_grpc.ReferenceServiceStub, "reference"),
+            critic=client(critic_pb2_grpc.CriticServiceStub, "critic"),
+        )
+
+
+async def _timed(name: str, timings: dict[str, float], call: Awaitable[Any]) -> Any:
+    started = time.perf_counter()
+    try:
+        return await call
+    finally:
+        timings[f"time/{name}_s"] = time.perf_counter() - started
+
+
+def _kl_controller(config: RunConfig) -> FixedKLController | AdaptiveKLController:
+    kl = config.algorithm.kl_ctrl
+    if kl.kind == "adaptive":
+        return AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
+    return FixedKLController(kl.kl_coef)
+
+
+@dataclass
+class TrainerState:
+    """Everything besides the services' checkpoints that a resumed run needs."""
+
+    step: int = 0
+    """Steps completed."""
+    weights_version: int = 0
+    """Actor weights version the next generation must use."""
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class PPOTrainer:
+    """Runs PPO steps against deployed services; see the module docstring."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        clients: Clients,
+        tokenizer: Any,
+        train_rows: list[PromptRow],
+        eval_rows: list[PromptRow],
+        run_dir: Path,
+    ):
+        self.config = config
+        self.clients = clients
+        self.tokenizer = tokenizer
+        self.stream = PromptStream(train_rows, seed=config.data.seed)
+        self.eval_rows = eval_rows[: config.rollout.eval_prompts]
+        self.run_dir = run_dir
+        self.kl_controller = _kl_controller(config)
+        self.state = TrainerState()
+        algorithm = config.algorithm
+        self.advantage_settings = AdvantageSettings(
+            estimator=algorithm.adv_estimator,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            whiten_advantages=algorithm.whiten_advantages,
+            kl_kind=algorithm.kl_penalty,
+            kl_in_reward=not config.actor.use_kl_loss,
+        )
+
+    # --- one step ---------------------------------------------------------------------
+
+    def _sampling(self, step: int, greedy: bool = False) -> rollout_pb2.SamplingParams:
+        rollout = self.config.rollout
+        return rollout_pb2.SamplingParams(
+            temperature=0.0 if greedy else rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+            responses_per_prompt=1 if greedy else rollout.responses_per_prompt,
+            # A seed per step makes a resumed run sample exactly what the original did.
+            seed=self.config.trainer.seed * 1_000_003 + step,
+        )
+
+    async def _generate(self, rows: list[PromptRow], sampling: rollout_pb2.SamplingParams):
+        request = rollout_pb2.GenerateSequencesRequest(
+            prompts=batch_to_proto(prompt_batch(rows, self.tokenizer)),
+            sampling=sampling,
+            expected_weights_version=self.state.weights_version,
+        )
+        response = await self.clients.rollout.call("GenerateSequences", request)
+        return batch_from_proto(response.batch), dict(response.metrics)
+
+    async def _score(self, batch: Batch) -> Batch:
+        reward_input = batch.select(
+            tensor_keys=["input_ids", "attention_mask"],
+            non_tensor_keys=["response_text", "ground_truth", "prompt_text"],
+            meta_keys=[],
+        )
+        request = reward_pb2.ComputeRewardRequest(batch=batch_to_proto(reward_input))
+        response = await self.clients.reward.call("ComputeReward", request)
+        return batch_from_proto(response.batch)
+
+    async def run_step(self) -> dict[str, float]:
+        """Runs step `state.step` (0-based) and returns its metrics."""
+        step = self.state.step
+        config = self.config
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+
+        rows = self.stream.next_rows(config.trainer.prompts_per_step)
+        batch, gen_metrics = await _timed(
+            "generate", timings, self._generate(rows, self._sampling(step))
+        )
+        staleness = self.state.weights_version - int(batch.meta["weights_version"])
+
+        sequences = batch_to_proto(batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[]))
+        forwards: dict[str, Awaitable[Any]] = {
+            "log_prob": self.clients.rollout.call(
+                "ComputeLogProb",
+                rollout_pb2.ComputeLogProbRequest(
+                    batch=sequences,
+                    return_entropy=True,
+                    expected_weights_version=self.state.weights_version,
+                ),
+            ),
+            "reward": self._score(batch),
+        }
+        if self.clients.reference is not None:
+            forwards["ref_log_prob"] = self.clients.reference.call(
+                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(batch=sequences)
+            )
+        if self.clients.critic is not None:
+            forwards["values"] = self.clients.critic.call(
+                "ComputeValues", critic_pb2.ComputeValuesRequest(batch=sequences)
+            )
+        forward_started = time.perf_counter()
+        results = dict(
+            zip(
+                forwards,
+                await asyncio.gather(
+                    *(_timed(name, timings, call) for name, call in forwards.items())
+                ),
+                strict=True,
+            )
+        )
+        timings["time/forward_wall_s"] = time.perf_counter() - forward_started
+
+        log_probs = batch_from_proto(results["log_prob"].batch)
+        scores = results["reward"]
+        extra = {
+            "old_log_probs": log_probs["log_probs"],
+            "entropy": log_probs["entropy"],
+            "scores": scores["scores"].float(),
+        }
+        if "ref_log_prob" in results:
+            extra["ref_log_probs"] = batch_from_proto(results["ref_log_prob"].batch)[
+                "ref_log_probs"
+            ]
+        if "values" in results:
+            extra["values"] = batch_from_proto(results["values"].batch)["values"]
+        batch = Batch(tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors)
+
+        math_started = time.perf_counter()
+        targets, adv_metrics = compute_advantages(
+            batch, self.advantage_settings, self.kl_controller.value
+        )
+        timings["time/advantages_s"] = time.perf_counter() - math_started
+        batch = Batch(tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors)
+
+        actor_keys = [*SEQUENCE_KEYS, "old_log_probs", "advantages"]
+        if config.actor.use_kl_loss:
+            actor_keys.append("ref_log_probs")
+        updates: dict[str, Awaitable[Any]] = {
+            "update_actor": self.clients.rollout.call(
+                "UpdateActor",
+                rollout_pb2.UpdateActorRequest(
+                    step=step,
+                    batch=batch_to_proto(batch.select(tensor_keys=actor_keys, non_tensor_keys=[])),
+                    weights_version=self.state.weights_version,
+                ),
+            )
+        }
+        if self.clients.critic is not None:
+            critic_keys = [*SEQUENCE_KEYS, "values", "returns"]
+            updates["update_critic"] = self.clients.critic.call(
+                "UpdateCritic",
+                critic_pb2.UpdateCriticRequest(
+                    step=step,
+                    batch=batch_to_proto(batch.select(tensor_keys=critic_keys, non_tensor_keys=[])),
+                ),
+            )
+        update_started = time.perf_counter()
+        update_results = dict(
+            zip(
+                updates,
+                await asyncio.gather(
+                    *(_timed(name, timings, call) for name, call in updates.items())
+                ),
+                strict=True,
+            )
+        )
+        timings["time/update_wall_s"] = time.perf_counter() - update_started
+        actor_update = update_results["update_actor"]
+        self.state.weights_version = actor_update.weights_version
+
+        mask = batch["response_mask"].float()
+        kl_mean = float(adv_metrics["kl_mean"])
+        self.kl_controller.update(kl_mean, n_steps=len(batch))
+        step_s = time.perf_counter() - started
+        response_tokens = float(mask.sum())
+        scores_tensor = batch["scores"]
+        metrics = {
+            "reward_mean": float(scores_tensor.mean()),
+            "reward_std": float(scores_tensor.std()) if len(scores_tensor) > 1 else 0.0,
+            "kl_mean": kl_mean,
+            "kl_coef": float(adv_metrics["kl_coef"]),
+            "entropy_mean": float(masked_mean(batch["entropy"], mask)),
+            "response_length_mean": response_tokens / len(batch),
+            "advantages_mean": float(adv_metrics["advantages_mean"]),
+            "returns_mean": float(adv_metrics["returns_mean"]),
+            "weights_version": float(self.state.weights_version),
+            "staleness": float(staleness),
+            "samples": float(len(batch)),
+            "tokens_per_s": (response_tokens + float(batch["attention_mask"].sum())) / step_s,
+            "episodes_per_s": len(batch) / step_s,
+            "time/step_s": step_s,
+            **timings,
+            **{f"actor/{k}": v for k, v in actor_update.metrics.items()},
+            **{f"generate/{k}": v for k, v in gen_metrics.items()},
+        }
+        if "update_critic" in update_results:
+            metrics.update(
+                {f"critic/{k}": v for k, v in update_results["update_critic"].metrics.items()}
+            )
+        self.state.step = step + 1
+        self.state.last_metrics = metrics
+        return metrics
+
+    # --- evaluation and checkpoints ---------------------------------------------------
+
+    async def evaluate(self) -> dict[str, float]:
+        """Greedy responses to the held-out prompts, scored by the reward service.
+
+        eval_accuracy is the fraction of responses with full reward (≥ 1): exact match
+        for the rule rewards.
+        """
+        if not self.eval_rows:
+            return {}
+        started = time.perf_counter()
+        batch, _ = await self._generate(
+            self.eval_rows, self._sampling(self.state.step, greedy=True)
+        )
+        scores = (await self._score(batch))["scores"].float()
+        return {
+            "eval_accuracy": float((scores >= 1.0 - 1e-6).float().mean()),
+            "eval_reward_mean": float(scores.mean()),
+            "time/eval_s": time.perf_counter() - started,
+        }
+
+    async def save_checkpoint(self) -> Path:
+        directory = checkpoint_dir(self.run_dir, self.state.step)
+        directory.mkdir(parents=True, exist_ok=True)
+        saves = [
+            self.clients.rollout.call(
+                "SaveCheckpoint",
+                rollout_pb2.RolloutServiceSaveCheckpointRequest(
+                    location={"path": str((directory / "rollout").resolve())}
+                ),
+            )
+        ]
+        if self.clients.critic is not None:
+            saves.append(
+                self.clients.critic.call(
+                    "SaveCheckpoint",
+                    critic_pb2.CriticServiceSaveCheckpointRequest(
+                        location={"path": str((directory / "critic").resolve())}
+                    ),
+                )
+            )
+        await asyncio.gather(*saves)
+        write_trainer_state(
+            directory,
+            {
+                "step": self.state.step,
+                "weights_version": self.state.weights_version,
+                "prompt_stream": self.stream.state_dict(),
+                "kl_controller": self.kl_controller.state_dict(),
+                "rng": rng_state(),
+            },
+        )
+        return directory
+
+    async def load_checkpoint(self, directory: Path, trainer_state: dict[str, Any]) -> None:
+        loads = [
+            self.clients.rollout.call(
+                "LoadCheckpoint",
+                rollout_pb2.RolloutServiceLoadCheckpointRequest(
+                    location={"path": str((directory / "rollout").resolve())}
+                ),
+            )
+        ]
+        if self.clients.critic is not None:
+            loads.append(
+                self.clients.critic.call(
+                    "LoadCheckpoint",
+                    critic_pb2.CriticServiceLoadCheckpointRequest(
+                        location={"path": str((directory / "critic").resolve())}
+                    ),
+                )
+            )
+        rollout_state, *_ = await asyncio.gather(*loads)
+        if rollout_state.weights_version != trainer_state["weights_version"]:
+            raise RuntimeError(
+                f"checkpoint {directory} is inconsistent: rollout restored weights version "
+                f"{rollout_state.weights_version}, trainer state says "
+                f"{trainer_state['weights_version']}"
+            )
+        self.state.step = trainer_state["step"]
+        self.state.weights_version = trainer_state["weights_version"]
+        self.stream.load_state_dict(trainer_state["prompt_stream"])
+        self.kl_controller.load_state_dict(trainer_state["kl_controller"])
+        restore_rng(trainer_state["rng"])
+
+
+def finite_or_nan(value: float) -> float:
+    return value if math.isfinite(value) else float("nan")
+
+
+def as_float_dict(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}

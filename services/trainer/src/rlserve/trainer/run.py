@@ -1,0 +1,292 @@
+"""A whole run: prepare model and data, bring up the cluster and services, train, report.
+
+`train` is what `rlserve train` and `make demo` call. Everything that can be checked
+without a cluster (config, model directory, datasets) is checked before Ray starts, so
+a typo fails in a second, not after a deployment.
+"""
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rlserve.core.config import dump_config
+from rlserve.core.modeling import load_tokenizer
+from rlserve.core.run_config import RunConfig
+from rlserve.trainer.checkpoint import latest_checkpoint, read_trainer_state
+from rlserve.trainer.control import RunControl, serve_control
+from rlserve.trainer.data import load_prompt_rows
+from rlserve.trainer.deploy import deploy_services, service_args
+from rlserve.trainer.loop import Clients, PPOTrainer
+from rlserve.trainer.metrics import MetricsLog, plot_curves, read_metrics, truncate_after
+from rlserve.v1 import trainer_pb2
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """Where the policy and the prompts come from, resolved before any cluster starts."""
+
+    model_dir: str
+    train_path: str
+    eval_path: str | None
+    warmup_accuracy: float | None = None
+    """Local greedy accuracy right after the embedded warm-up (None for user models)."""
+    warmup_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: str
+    steps: int
+    accuracy_before: float | None
+    accuracy_after: float | None
+    train_s: float
+    total_s: float
+    checkpoint: str | None
+    curves_png: str | None
+    metrics_jsonl: str
+
+
+def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
+    """Builds the embedded default when no model is given; checks user paths exist."""
+    if config.model.path is None:
+        from rlserve.core.embedded.prepare import prepare_embedded_default
+
+        console.print("building the embedded default (tiny Llama, char tokenizer, a+b task) ...")
+        built = prepare_embedded_default(
+            run_dir / "embedded",
+            tiny=config.model.tiny,
+            task=config.data.arithmetic,
+            seed=config.trainer.seed,
+            max_new_tokens=config.rollout.max_new_tokens,
+            eval_prompts=config.rollout.eval_prompts,
+        )
+        return RunInputs(
+            model_dir=str(built.model_dir.resolve()),
+            train_path=config.data.train_path or str(built.train_path),
+            eval_path=config.data.eval_path or str(built.eval_path),
+            warmup_accuracy=built.warmup_accuracy,
+            warmup_s=built.warmup_s,
+        )
+    model_dir = Path(config.model.path)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"model.path: {model_dir} is not a Hugging Face model directory")
+    if config.data.train_path is None:
+        raise ValueError("data.train_path: required when model.path is set")
+    for name in ("train_path", "eval_path"):
+        path = getattr(config.data, name)
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"data.{name}: {path} does not exist")
+    return RunInputs(str(model_dir.resolve()), config.data.train_path, config.data.eval_path)
+
+
+async def train_on_services(
+    config: RunConfig,
+    inputs: RunInputs,
+    run_dir: Path,
+    serve_grpc_address: str,
+    resume_from: Path | None = None,
+    show_progress: bool = True,
+) -> RunSummary:
+    """The PPO loop against services already deployed on serve_grpc_address."""
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(inputs.model_dir)
+    rows = {
+        "train": load_prompt_rows(
+            inputs.train_path,
+            tokenizer,
+            config.data.prompt_key,
+            config.data.ground_truth_key,
+            config.data.max_prompt_tokens,
+        ),
+        "eval": (
+            load_prompt_rows(
+                inputs.eval_path,
+                tokenizer,
+                config.data.prompt_key,
+                config.data.ground_truth_key,
+                config.data.max_prompt_tokens,
+            )
+            if inputs.eval_path
+            else []
+        ),
+    }
+    roles = set(service_args(config, inputs.model_dir))
+    clients = Clients.connect(serve_grpc_address, config, roles)
+    trainer = PPOTrainer(config, clients, tokenizer, rows["train"], rows["eval"], run_dir)
+    log = MetricsLog(run_dir)
+    control = RunControl(total_steps=config.trainer.total_steps, run_dir=str(run_dir))
+    server = None
+    if config.trainer.control_port is not None:
+        server, port = await serve_control(control, config.trainer.control_port)
+        (run_dir / "control_address").write_text(f"127.0.0.1:{port}\n")
+
+    if resume_from is not None:
+        state = read_trainer_state(resume_from)
+        await trainer.load_checkpoint(resume_from, state)
+        truncate_after(log.path, trainer.state.step)
+        console.print(f"resumed from {resume_from} at step {trainer.state.step}")
+
+    every_eval = config.rollout.eval_every_steps
+    every_ckpt = config.trainer.checkpoint_every_steps
+    accuracy_before = None
+    if trainer.state.step == 0 and trainer.eval_rows:
+        before = await trainer.evaluate()
+        accuracy_before = before["eval_accuracy"]
+        log.write(0, before)
+
+    control.state = trainer_pb2.RUN_STATE_RUNNING
+    control.step = trainer.state.step
+    checkpoint = None
+    train_started = time.perf_counter()
+    progress = Progress(
+        TextColumn("PPO"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        disable=not show_progress,
+    )
+    try:
+        with progress:
+            task = progress.add_task(
+                "ppo",
+                total=config.trainer.total_steps,
+                completed=trainer.state.step,
+                status="",
+            )
+            while trainer.state.step < config.trainer.total_steps and not control.stop_requested:
+                metrics = await trainer.run_step()
+                step = trainer.state.step
+                if every_eval and step % every_eval == 0:
+                    metrics.update(await trainer.evaluate())
+                log.write(step, metrics)
+                control.step, control.last_metrics = step, metrics
+                if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
+                    control.checkpoint_requested = False
+                    checkpoint = await trainer.save_checkpoint()
+                status = f"reward {metrics['reward_mean']:.3f}  kl {metrics['kl_mean']:.4f}"
+                if "eval_accuracy" in metrics:
+                    status += f"  held-out acc {100 * metrics['eval_accuracy']:.1f}%"
+                progress.update(task, completed=step, status=status)
+        final = {}
+        if trainer.eval_rows and "eval_accuracy" not in trainer.state.last_metrics:
+            final = await trainer.evaluate()
+            log.write(trainer.state.step, final)
+        if control.checkpoint_on_stop or not control.stop_requested or checkpoint is None:
+            checkpoint = await trainer.save_checkpoint()
+        control.state = trainer_pb2.RUN_STATE_FINISHED
+    except BaseException as error:
+        control.state = trainer_pb2.RUN_STATE_FAILED
+        control.error = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        log.close()
+        if server is not None:
+            await server.stop(grace=1.0)
+
+    records = read_metrics(log.path)
+    evaluated = [r for r in records if "eval_accuracy" in r]
+    curves = run_dir / "curves.png"
+    plot_curves(records, curves)
+    summary = RunSummary(
+        run_dir=str(run_dir),
+        steps=trainer.state.step,
+        accuracy_before=evaluated[0]["eval_accuracy"] if evaluated else accuracy_before,
+        accuracy_after=evaluated[-1]["eval_accuracy"] if evaluated else None,
+        train_s=time.perf_counter() - train_started,
+        total_s=time.perf_counter() - started,
+        checkpoint=str(checkpoint) if checkpoint else None,
+        curves_png=str(curves),
+        metrics_jsonl=str(log.path),
+    )
+    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+    return summary
+
+
+def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
+    """Starts (or joins) Ray and Serve; returns (Serve gRPC address, started_locally)."""
+    from rlserve.core.cluster import connect_ray, free_port, start_local_ray, start_serve
+
+    if config.trainer.ray_address is None:
+        temp_dir = Path("/tmp") / f"rlserve-{run_dir.name}"
+        start_local_ray(temp_dir=temp_dir)
+        port = config.trainer.serve_grpc_port or free_port()
+        start_serve(port)
+        return f"127.0.0.1:{port}", True
+    connect_ray(config.trainer.ray_address)
+    start_serve(config.trainer.serve_grpc_port)
+    host = config.trainer.ray_address.split("://")[-1].split(":")[0]
+    host = "127.0.0.1" if host in ("auto", "localhost") else host
+    return f"{host}:{config.trainer.serve_grpc_port}", False
+
+
+def new_run_dir(config: RunConfig) -> Path:
+    run_dir = Path(config.trainer.run_dir) / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    return run_dir
+
+
+def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
+    """Prepare, start the cluster, deploy, train, tear down what was started here."""
+    total_started = time.perf_counter()
+    resume_from = latest_checkpoint(run_dir) if resume else None
+    if resume and resume_from is None:
+        raise FileNotFoundError(f"{run_dir} holds no complete checkpoint to resume from")
+    inputs_file = run_dir / "inputs.json"
+    if resume and inputs_file.exists():
+        inputs = RunInputs(**json.loads(inputs_file.read_text()))
+    else:
+        inputs = prepare_inputs(config, run_dir)
+        inputs_file.write_text(json.dumps(asdict(inputs), indent=1))
+    if inputs.warmup_accuracy is not None:
+        console.print(
+            f"warm-up done in {inputs.warmup_s:.1f} s; local held-out accuracy "
+            f"{100 * inputs.warmup_accuracy:.1f}%"
+        )
+    address, local = start_cluster(config, run_dir)
+    try:
+        console.print(f"deploying services on Serve (gRPC {address}) ...")
+        deploy_services(service_args(config, inputs.model_dir), config.trainer.deploy_timeout_s)
+        summary = asyncio.run(train_on_services(config, inputs, run_dir, address, resume_from))
+    finally:
+        if local:
+            _stop_local_cluster()
+    return RunSummary(**{**asdict(summary), "total_s": time.perf_counter() - total_started})
+
+
+def _stop_local_cluster() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def print_summary(summary: RunSummary) -> None:
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f}%"
+
+    gain = (
+        f" ({100 * (summary.accuracy_after - summary.accuracy_before):+.1f} points)"
+        if summary.accuracy_before is not None and summary.accuracy_after is not None
+        else ""
+    )
+    print(
+        f"rlserve run finished: {summary.steps} PPO steps in {summary.train_s:.0f} s "
+        f"(whole command {summary.total_s:.0f} s)\n"
+        f"  held-out accuracy: before PPO {pct(summary.accuracy_before)}, "
+        f"after {pct(summary.accuracy_after)}{gain}\n"
+        f"  run directory: {summary.run_dir}\n"
+        f"  metrics: {summary.metrics_jsonl} (TensorBoard: {summary.run_dir}/tensorboard)\n"
+        f"  curves: {summary.curves_png}\n"
+        f"  checkpoint: {summary.checkpoint}"
+    )

@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.trainer.advantages import AdvantageSettings, compute_advantages
+
+
+def _batch(**extra):
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    tensors = {
+        "response_mask": mask,
+        "scores": torch.tensor([1.0, 0.0]),
+        "old_log_probs": torch.tensor([[-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]]),
+        "ref_log_probs": torch.tensor([[-1.5, -2.0, 0.0], [-1.0, -0.5, -1.0]]),
+        **extra,
+    }
+    return Batch(tensors=tensors, non_tensors={"uid": [0, 0]})
+
+
+def _settings(estimator="gae", kl_in_reward=True, whiten=False):
+    return AdvantageSettings(
+        estimator,
+        gamma=1.0,
+        lam=1.0,
+        whiten_advantages=whiten,
+        kl_kind="k1",
+        kl_in_reward=kl_in_reward,
+    )
+
+
+def test_gae_with_kl_penalty_by_hand():
+    batch = _batch(values=torch.zeros(2, 3))
+    targets, metrics = compute_advantages(batch, _settings(), kl_coef=0.1)
+    # k1 KL = old - ref: row 0 [0.5, 0, -], row 1 [0, -0.5, 0]; reward -0.1*KL, score at end.
+    # γ=λ=1 and zero values: advantage = sum of remaining rewards.
+    expected = torch.tensor([[-0.05 + 1.0, 1.0, 0.0], [0.05, 0.05, 0.0]])
+    assert torch.allclose(targets["advantages"], expected, atol=1e-6)
+    assert torch.allclose(targets["returns"], expected, atol=1e-6)
+    assert metrics["kl_mean"] == pytest.approx(0.0)  # (0.5 + 0 - 0.5 + 0 + 0) / 5
+
+
+def test_grpo_uses_groups_and_reports_reference_drift_with_kl_loss():
+    targets, metrics = compute_advantages(_batch(), _settings("grpo", kl_in_reward=False, whiten=True), 0.1)
+    adv = targets["advantages"]
+    # Scores 1 and 0 in one group: ±1/std (std of [1, 0] = 0.7071), masked.
+    assert adv[0, 0] == pytest.approx(0.7071, abs=1e-3) and adv[0, 2] == 0
+    assert adv[1, 0] == pytest.approx(-0.7071, abs=1e-3)
+    assert float(metrics["kl_coef"]) == 0.0
+    assert "kl_mean" in metrics
+
+
+def test_gae_needs_values():
+    with pytest.raises(KeyError, match="values"):
+        compute_advantages(_batch(), _settings(), kl_coef=0.0)
