@@ -6,7 +6,12 @@ from rlserve.core.embedded.evaluate import exact_match, greedy_accuracy
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows, read_jsonl, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
-from rlserve.core.embedded.warmup import IGNORE_INDEX, build_sft_batch, supervised_warmup
+from rlserve.core.embedded.warmup import (
+    IGNORE_INDEX,
+    collate_sft,
+    encode_sft_rows,
+    supervised_warmup,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,8 @@ def test_addition_rows_are_correct_and_disjoint(tmp_path):
 
 def test_sft_batch_masks_the_prompt(saved):
     tokenizer = AutoTokenizer.from_pretrained(saved[0])
-    batch = build_sft_batch([{"prompt": "1+2=", "ground_truth": "3"}], tokenizer)
+    examples = encode_sft_rows([{"prompt": "1+2=", "ground_truth": "3"}], tokenizer)
+    batch = collate_sft(examples, tokenizer.pad_token_id)
     labels = batch["labels"][0].tolist()
     assert labels[:5] == [IGNORE_INDEX] * 5  # <bos> 1 + 2 =
     assert labels[5:] == [tokenizer.convert_tokens_to_ids("3"), tokenizer.eos_token_id]

@@ -12,27 +12,33 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 IGNORE_INDEX = -100
 
 
-def build_sft_batch(
+def encode_sft_rows(
     rows: list[dict], tokenizer: PreTrainedTokenizerBase
-) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids / attention_mask / labels with the prompt masked out."""
-    sequences, labels = [], []
+) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per row: <bos> prompt answer <eos>, labels only on the answer."""
+    encoded = []
     for row in rows:
         prompt_ids = tokenizer(row["prompt"])["input_ids"]
         answer_ids = tokenizer(row["ground_truth"], add_special_tokens=False)["input_ids"]
         answer_ids = [*answer_ids, tokenizer.eos_token_id]
-        sequences.append(prompt_ids + answer_ids)
-        labels.append([IGNORE_INDEX] * len(prompt_ids) + answer_ids)
-    width = max(len(seq) for seq in sequences)
+        encoded.append((prompt_ids + answer_ids, [IGNORE_INDEX] * len(prompt_ids) + answer_ids))
+    return encoded
+
+
+def collate_sft(
+    examples: list[tuple[list[int], list[int]]], pad_id: int
+) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids / attention_mask / labels."""
+    width = max(len(ids) for ids, _ in examples)
     batch = {
-        "input_ids": torch.full((len(rows), width), tokenizer.pad_token_id),
-        "attention_mask": torch.zeros(len(rows), width, dtype=torch.long),
-        "labels": torch.full((len(rows), width), IGNORE_INDEX),
+        "input_ids": torch.full((len(examples), width), pad_id),
+        "attention_mask": torch.zeros(len(examples), width, dtype=torch.long),
+        "labels": torch.full((len(examples), width), IGNORE_INDEX),
     }
-    for row, (seq, lab) in enumerate(zip(sequences, labels, strict=True)):
-        batch["input_ids"][row, : len(seq)] = torch.tensor(seq)
-        batch["attention_mask"][row, : len(seq)] = 1
-        batch["labels"][row, : len(lab)] = torch.tensor(lab)
+    for row, (ids, labels) in enumerate(examples):
+        batch["input_ids"][row, : len(ids)] = torch.tensor(ids)
+        batch["attention_mask"][row, : len(ids)] = 1
+        batch["labels"][row, : len(labels)] = torch.tensor(labels)
     return batch
 
 
@@ -46,12 +52,13 @@ def supervised_warmup(
     seed: int,
 ) -> list[float]:
     """Trains in place with AdamW; returns the loss of every step."""
+    examples = encode_sft_rows(rows, tokenizer)
     sampler = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     losses = []
     for _ in range(steps):
-        batch = build_sft_batch(sampler.sample(rows, batch_size), tokenizer)
+        batch = collate_sft(sampler.sample(examples, batch_size), tokenizer.pad_token_id)
         loss = model(**batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,27 @@
+"""Fixtures for whole-stack tests: a warmed-up embedded model."""
+
+import pytest
+
+from rlserve.core.embedded.prepare import EmbeddedDefault, prepare_embedded_default
+from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
+
+
+@pytest.fixture(scope="session")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedDefault:
+    """A small warmed-up Llama on a+b with operands 0..19 (right sometimes, not always)."""
+    return prepare_embedded_default(
+        tmp_path_factory.mktemp("embedded"),
+        tiny=TinyModelConfig(
+            hidden_size=64,
+            num_layers=2,
+            num_heads=2,
+            intermediate_size=128,
+            sft_steps=60,
+            sft_batch_samples=64,
+            sft_lr=3e-3,
+        ),
+        task=ArithmeticTaskConfig(operand_max=19, train_pairs=300, eval_pairs=64),
+        seed=0,
+        max_new_tokens=3,
+        eval_prompts=64,
+    )
