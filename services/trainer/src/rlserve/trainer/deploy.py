@@ -78,21 +78,22 @@ def critic_model_path(config: RunConfig, model_dir: str) -> str:
 def reward_args(config: RunConfig) -> dict[str, Any]:
     reward = config.reward
     if reward.kind == "rule":
-        return {"rule": {"name": reward.rule_name, "weight": 1.0}}
-    if reward.kind == "model":
-        return {"model": {"path": reward.model_path, "weight": 1.0}}
-    http = reward.http
-    return {
-        "http": {
-            "url": http.url,
-            "weight": 1.0,
-            "timeout_s": http.timeout_s,
-            "max_concurrency": http.max_concurrency,
-            "retries": http.retries,
-            "on_failure": http.on_failure,
-            "fallback_score": http.fallback_score,
+        kinds: dict[str, Any] = {"rule": {"rule_name": reward.rule_name}}
+    elif reward.kind == "model":
+        kinds = {"model": {"model_path": reward.model_path}}
+    else:
+        http = reward.http
+        kinds = {
+            "http": {
+                "url": http.url,
+                "timeout_s": http.timeout_s,
+                "max_concurrency": http.max_concurrency,
+                "retries": http.retries,
+                "on_failure": http.on_failure,
+                "fallback_score": http.fallback_score,
+            }
         }
-    }
+    return {"kinds": kinds}
 
 
 def deploy_services(apps: dict[str, dict[str, Any]], timeout_s: float) -> None:

@@ -1,0 +1,92 @@
+"""The reward service's Serve deployment: gRPC RewardService methods, kept thin.
+
+Each method: proto -> Batch (codec) -> `RewardEngine.parse` (checks, errors name the
+field) -> `RewardEngine.score` -> proto. Errors become gRPC statuses through
+`rpc_method`, so a bad request never stops the replica.
+
+One replica = one engine: one pooled HTTP session and concurrency bound, one reward
+model copy. The replica takes no GPU; `app.deployment_options` sets its CPUs, replica
+count or autoscaling and node placement from the config. GetInfo reports the replica
+itself as worker 0 (the reward service has no worker actors), so callers can see which
+node it landed on.
+"""
+
+import os
+import socket
+from importlib.metadata import PackageNotFoundError, version
+
+import ray
+import torch
+from ray import serve
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.config import validate_config
+from rlserve.core.serving import Deadline, rpc_method
+from rlserve.reward.config import RewardServiceConfig
+from rlserve.reward.engine import build_engine
+from rlserve.v1 import common_pb2, reward_pb2
+
+
+def _package_version() -> str:
+    try:
+        return version("rlserve-reward")
+    except PackageNotFoundError:
+        return ""
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1, "num_gpus": 0})
+class RewardDeployment:
+    """Serves rlserve.v1.RewardService."""
+
+    def __init__(self, config: dict) -> None:
+        # A plain dict crosses to the replica; validating again here keeps one code path.
+        self._config = validate_config(RewardServiceConfig, config)
+        torch.set_num_threads(self._config.torch_threads)
+        self._engine = build_engine(self._config)
+
+    @rpc_method(reward_pb2.ComputeRewardResponse)
+    async def ComputeReward(
+        self, request: reward_pb2.ComputeRewardRequest, grpc_context
+    ) -> reward_pb2.ComputeRewardResponse:
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        batch = batch_from_proto(request.batch)
+        inputs = self._engine.parse(batch, field="batch")
+        result = await self._engine.score(inputs, deadline)
+        tensors = {"scores": result.scores}
+        tensors.update((f"scores_{name}", s) for name, s in result.kind_scores.items())
+        out = Batch(tensors=tensors, meta=batch.meta)
+        return reward_pb2.ComputeRewardResponse(
+            batch=batch_to_proto(out), metrics=metrics_to_proto(result.metrics)
+        )
+
+    @rpc_method(reward_pb2.RewardServiceGetInfoResponse)
+    async def GetInfo(
+        self, request: reward_pb2.RewardServiceGetInfoRequest, grpc_context
+    ) -> reward_pb2.RewardServiceGetInfoResponse:
+        model = self._config.kinds.model
+        info = common_pb2.ServiceInfo(
+            role="reward",
+            model=model.model_path if model else "",
+            engine="hf" if model else "",
+            weights_version=0,
+            last_applied_step=-1,
+            workers=[
+                common_pb2.WorkerInfo(
+                    rank=0,
+                    node_id=ray.get_runtime_context().get_node_id(),
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                )
+            ],
+            rlserve_version=_package_version(),
+        )
+        return reward_pb2.RewardServiceGetInfoResponse(
+            info=info, kind_weights=self._engine.kind_weights
+        )
+
+    async def __del__(self) -> None:
+        # Serve awaits an async __del__ on replica shutdown: close pooled connections.
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            await engine.close()
