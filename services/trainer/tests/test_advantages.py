@@ -40,7 +40,9 @@ def test_gae_with_kl_penalty_by_hand():
 
 
 def test_grpo_uses_groups_and_reports_reference_drift_with_kl_loss():
-    targets, metrics = compute_advantages(_batch(), _settings("grpo", kl_in_reward=False, whiten=True), 0.1)
+    targets, metrics = compute_advantages(
+        _batch(), _settings("grpo", kl_in_reward=False, whiten=True), 0.1
+    )
     adv = targets["advantages"]
     # Scores 1 and 0 in one group: ±1/std (std of [1, 0] = 0.7071), masked.
     assert adv[0, 0] == pytest.approx(0.7071, abs=1e-3) and adv[0, 2] == 0

@@ -1,5 +1,10 @@
 """rlserve rollout service (ActorRollout): generation engines and DeepSpeed actor training.
 
-Skeleton: the service is built under the rollout issue; its contract is
-proto/rlserve/v1/rollout.proto.
+Contract: proto/rlserve/v1/rollout.proto. Deploy with the Serve app builder
+`rlserve.rollout.app:build_app` (settings: `config.RolloutServiceConfig`).
+
+Modules: `config` (typed settings), `deployment` (thin gRPC servicer on Serve), `engine`
+(RolloutController: versions, idempotent updates, DP dispatch), `request_checks`
+(request validation), `worker` (ActorWorker: one DeepSpeed rank + generation engine),
+`generation` (the engine interface), `hf_engine` / `vllm_engine` (the two engines).
 """

@@ -37,6 +37,10 @@ class HFGenerationEngine:
         tokenizer = load_tokenizer(model_path)
         self.pad_token_id: int = tokenizer.pad_token_id
         self.eos_token_ids: frozenset[int] = _eos_token_ids(self.model, tokenizer)
+        # transformers fills every setting a call leaves None from the model's
+        # generation_config.json (a checkpoint may ship top_k, repetition_penalty, EOS...);
+        # a neutral one makes each request's SamplingSettings the whole story.
+        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
@@ -50,10 +54,11 @@ class HFGenerationEngine:
         config = GenerationConfig(
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not greedy,
+            # Sampling only: 0 and 1.0 switch top-k/top-p off (None would mean transformers'
+            # default top_k 50); greedy ignores them, and setting them would only warn.
             temperature=None if greedy else sampling.temperature,
-            # None switches the processors off; transformers' defaults would turn top-k on.
-            top_k=None if greedy or sampling.top_k == -1 else sampling.top_k,
-            top_p=None if greedy or sampling.top_p >= 1 else sampling.top_p,
+            top_k=None if greedy else max(sampling.top_k, 0),
+            top_p=None if greedy else sampling.top_p,
             eos_token_id=None if sampling.ignore_eos else sorted(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
@@ -68,7 +73,9 @@ class HFGenerationEngine:
             )
         new_tokens = output.sequences[:, input_ids.shape[1] :]
         lengths = self._response_lengths(new_tokens, stop_at_eos=not sampling.ignore_eos)
-        response_ids = [row[:length].tolist() for row, length in zip(new_tokens, lengths)]
+        response_ids = [
+            row[:length].tolist() for row, length in zip(new_tokens, lengths, strict=True)
+        ]
         log_probs = None
         if sampling.return_log_probs:
             temperature = 1.0 if greedy else sampling.temperature
@@ -76,7 +83,8 @@ class HFGenerationEngine:
             logits = torch.stack(output.logits, dim=1).float() / temperature
             picked = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1))
             log_probs = [
-                row[:length].tolist() for row, length in zip(picked.squeeze(-1), lengths)
+                row[:length].tolist()
+                for row, length in zip(picked.squeeze(-1), lengths, strict=True)
             ]
         return Generated(response_ids=response_ids, log_probs=log_probs)
 
@@ -111,7 +119,9 @@ class HFGenerationEngine:
         # argmax finds the first True; rows without EOS ran the full width (unfinished rows
         # have no pad fill: generation stops only when every row has finished).
         first = is_eos.int().argmax(dim=1)
-        return [int(f) + 1 if has else width for f, has in zip(first, is_eos.any(dim=1))]
+        return [
+            int(f) + 1 if has else width for f, has in zip(first, is_eos.any(dim=1), strict=True)
+        ]
 
 
 def _eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
