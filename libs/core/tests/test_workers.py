@@ -36,6 +36,11 @@ class RankWorker:
     def echo(self, item):
         return (self.rank, item)
 
+    def fail(self):
+        from rlserve.core.serving import invalid_argument
+
+        raise invalid_argument("x", "bad")
+
 
 @pytest.fixture(scope="module")
 def group(serve_cluster):
@@ -66,3 +71,13 @@ def test_run_each_sends_rank_i_its_item(group):
 def test_rejects_empty_group():
     with pytest.raises(ValueError, match="num_workers: must be >= 1"):
         WorkerGroup(RankWorker, 0, {"offset": 0})
+
+
+def test_worker_exceptions_arrive_unwrapped(group):
+    import grpc
+
+    from rlserve.core.serving import RpcError
+
+    with pytest.raises(RpcError, match=r"^x: bad$") as error:
+        asyncio.run(group.run_all("fail"))
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT

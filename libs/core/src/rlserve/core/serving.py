@@ -42,9 +42,13 @@ class RpcError(Exception):
     """A failure with the gRPC status the caller should see."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
+        # Both in args, so the error survives pickling (raised inside a Ray worker).
+        super().__init__(code, message)
         self.code = code
         self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def invalid_argument(field: str, problem: str) -> RpcError:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 from ray.util.placement_group import get_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -41,6 +42,17 @@ def init_process_group(rank: int, world_size: int, address: str, port: int) -> N
         MASTER_PORT=str(port),
     )
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+
+
+async def _gather(refs: list[Any]) -> list[Any]:
+    """Awaits every ref; a worker's exception is re-raised as itself, not wrapped."""
+    try:
+        return [await ref for ref in refs]
+    except RayTaskError as error:
+        # The cause is the worker's own exception (e.g. an RpcError naming a field).
+        if isinstance(error.cause, Exception):
+            raise error.cause from None
+        raise
 
 
 class WorkerGroup:
@@ -82,7 +94,7 @@ class WorkerGroup:
     async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Calls `method` on every rank with the same arguments; results by rank."""
         refs = [getattr(worker, method).remote(*args, **kwargs) for worker in self.workers]
-        return [await ref for ref in refs]
+        return await _gather(refs)
 
     async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
         """Splits `batch` across ranks (padding to equal shares), runs, collects in order."""
@@ -98,7 +110,7 @@ class WorkerGroup:
             getattr(worker, method).remote(item, **kwargs)
             for worker, item in zip(self.workers, per_rank, strict=True)
         ]
-        return [await ref for ref in refs]
+        return await _gather(refs)
 
     def shutdown(self) -> None:
         for worker in self.workers:

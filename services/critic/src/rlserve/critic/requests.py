@@ -33,21 +33,19 @@ def sequence_batch(batch: Batch, vocab_size: int, max_rows: int) -> Batch:
     responses = require_token_ids(batch, "responses", vocab_size)
     response_mask = require_mask(batch, "response_mask", responses, "responses")
     response_len = responses.shape[1]
-    if responses.shape[0] != input_ids.shape[0]:
-        raise invalid_argument("batch.tensors['responses']", "row count differs from input_ids")
     if input_ids.shape[1] <= response_len:
         raise invalid_argument(
             "batch.tensors['input_ids']",
             f"needs more positions ({input_ids.shape[1]}) than responses ({response_len}): "
             "the first response token is predicted from the position before it",
         )
-    tail = input_ids[:, -response_len:] if response_len else input_ids[:, :0]
+    tail = input_ids[:, input_ids.shape[1] - response_len :]
     if not bool(((tail == responses) | (response_mask == 0)).all()):
         raise invalid_argument(
             "batch.tensors['responses']",
             "must equal the last R columns of input_ids where response_mask is 1",
         )
-    tail_mask = attention_mask[:, -response_len:] if response_len else attention_mask[:, :0]
+    tail_mask = attention_mask[:, attention_mask.shape[1] - response_len :]
     if bool((response_mask > tail_mask).any()):
         raise invalid_argument(
             "batch.tensors['response_mask']",

@@ -1,0 +1,149 @@
+"""Throughput of the critic service through Serve's gRPC port, on a private local Ray.
+
+Builds the embedded default's tiny Llama (hidden 128, 4 layers, character tokenizer),
+deploys the critic from it, and times ComputeValues and UpdateCritic on one batch of
+`--rows` sequences (prompt `--prompt-len`, response `--response-len`, every response
+token real). Prints the median of `--repeats` calls after one warm-up call:
+
+    values/s       response tokens valued per second by ComputeValues (wall, client side)
+    train tokens/s response tokens × ppo_epochs per second of UpdateCritic (wall)
+
+Each line also gives sequence tokens/s (prompt + response positions the model runs over).
+
+    .venv/bin/python services/critic/benchmarks/bench_critic.py [--workers 2]
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_to_proto
+from rlserve.core.serving import deadline_metadata
+from rlserve.v1 import critic_pb2, critic_pb2_grpc
+
+TIMEOUT_S = 600.0
+
+
+def build_model(directory: Path) -> int:
+    from rlserve.core.embedded.model import build_tiny_llama, save_model
+    from rlserve.core.embedded.tokenizer import save_char_tokenizer
+
+    tokenizer = save_char_tokenizer(directory)
+    save_model(build_tiny_llama(tokenizer), directory)
+    return len(tokenizer)
+
+
+def make_batch(rows: int, prompt_len: int, response_len: int, vocab_size: int) -> Batch:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(4, vocab_size, (rows, prompt_len + response_len), generator=generator)
+    return Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "responses": input_ids[:, prompt_len:].clone(),
+            "response_mask": torch.ones(rows, response_len, dtype=torch.long),
+            "values": torch.zeros(rows, response_len),
+            "returns": torch.randn(rows, response_len, generator=generator),
+        }
+    )
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--response-len", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    args = parser.parse_args()
+
+    from ray import serve
+
+    from rlserve.core.cluster import free_port, start_local_ray, start_serve
+    from rlserve.critic.app import build_app
+
+    work = Path(tempfile.mkdtemp(prefix="rlbench"))
+    vocab_size = build_model(work / "model")
+    start_local_ray(num_cpus=8, temp_dir=work / "ray")
+    grpc_port = free_port()
+    start_serve(grpc_port)
+    config = {
+        "model_path": str(work / "model"),
+        "workers": args.workers,
+        "num_cpus_per_worker": args.threads_per_worker,  # also each worker's torch threads
+        "ppo_mini_batch_samples": 64,
+        "micro_batch_samples": 64 // args.workers,
+        "forward_micro_batch_samples": 64,
+        "ppo_epochs": 2,
+        "lr": 1e-3,
+    }
+    serve.run(build_app(config), name="critic", route_prefix="/critic")
+    import grpc
+
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{grpc_port}", options=[("grpc.max_receive_message_length", 1 << 30)]
+    )
+    stub = critic_pb2_grpc.CriticServiceStub(channel)
+    metadata = (("application", "critic"), deadline_metadata(TIMEOUT_S))
+    batch = make_batch(args.rows, args.prompt_len, args.response_len, vocab_size)
+    sequences = batch_to_proto(
+        batch.select(["input_ids", "attention_mask", "responses", "response_mask"])
+    )
+    full = batch_to_proto(batch)
+    tokens = args.rows * args.response_len
+    sequence_tokens = args.rows * (args.prompt_len + args.response_len)
+
+    def compute():
+        stub.ComputeValues(
+            critic_pb2.ComputeValuesRequest(batch=sequences), metadata=metadata, timeout=TIMEOUT_S
+        )
+
+    steps = iter(range(10**6))
+
+    def update():
+        stub.UpdateCritic(
+            critic_pb2.UpdateCriticRequest(step=next(steps), batch=full),
+            metadata=metadata,
+            timeout=TIMEOUT_S,
+        )
+
+    compute()
+    update()
+    compute_s = statistics.median(timed(compute) for _ in range(args.repeats))
+    update_s = statistics.median(timed(update) for _ in range(args.repeats))
+    print(
+        f"critic: tiny Llama (hidden 128, 4 layers), {args.workers} worker(s), "
+        f"{args.threads_per_worker} torch thread(s) each, {args.rows} rows × "
+        f"(prompt {args.prompt_len} + response {args.response_len}), mini-batch 64, "
+        "2 epochs, fp32, ZeRO-0"
+    )
+    print(
+        f"ComputeValues: {compute_s * 1000:.0f} ms/call, {tokens / compute_s:,.0f} values/s "
+        f"({sequence_tokens / compute_s:,.0f} sequence tokens/s forward)"
+    )
+    print(
+        f"UpdateCritic:  {update_s * 1000:.0f} ms/call, "
+        f"{tokens * 2 / update_s:,.0f} train tokens/s (response tokens × epochs; "
+        f"{sequence_tokens * 2 / update_s:,.0f} sequence tokens/s forward+backward)"
+    )
+    channel.close()
+    serve.shutdown()
+    import ray
+
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

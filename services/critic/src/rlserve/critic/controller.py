@@ -1,0 +1,318 @@
+"""The critic's controller: request checks, idempotent updates, versions, DP dispatch.
+
+It runs inside the Serve replica (no gRPC here: the deployment translates protobuf) and
+drives a group of CriticWorkers through any object with WorkerGroup's async interface
+(run_all / run_split / run_each): `rlserve.core.workers.WorkerGroup` in the service,
+in-process workers in unit tests.
+
+Choices:
+- One asyncio lock orders every call that touches the workers, so ComputeValues stamps
+  the version its values were computed with and updates never interleave.
+- UpdateCritic is idempotent by step: a step already applied returns its stored metrics
+  and version with replayed=true and trains nothing; a step at or below the last applied
+  one whose result is no longer kept is FAILED_PRECONDITION. Steps may skip numbers.
+- Mini-batches are planned here, over the request's global rows (a fresh permutation
+  per epoch, seeded by the step), and every mini-batch is split evenly over the ranks;
+  each rank receives only the rows its slices use. So N workers train what one worker
+  would (see worker.py for the loss weighting), and rows must tile the mini-batches.
+- Deadlines: the caller's deadline bounds the wait for the lock and for the workers.
+  ComputeValues that runs out answers DEADLINE_EXCEEDED (the workers finish the call in
+  the background). An update, save or load is never cut in half: when the deadline
+  passes it keeps running to completion and the caller gets DEADLINE_EXCEEDED saying so;
+  calling UpdateCritic again with the same step returns its result.
+"""
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
+from rlserve.core.training import DS_CHECKPOINT_TAG, minibatch_indices
+from rlserve.critic.config import CriticServiceConfig
+from rlserve.critic.requests import sequence_batch, update_batch
+from rlserve.critic.worker import (
+    DEEPSPEED_DIR,
+    CriticWorker,
+    MiniBatchSlice,
+    RankUpdate,
+    loss_units,
+)
+
+T = TypeVar("T")
+
+# Results of this many most recent applied steps stay replayable (and go into checkpoints).
+REPLAY_HISTORY_STEPS = 64
+NO_DEADLINE = Deadline()
+
+
+def worker_kwargs(config: CriticServiceConfig) -> dict[str, Any]:
+    """CriticWorker's constructor arguments (besides rank, world_size) from the config."""
+    return {
+        "model_path": config.model_path,
+        "dtype": config.dtype,
+        "num_threads": max(1, int(config.num_cpus_per_worker)),
+        "zero_stage": config.zero_stage,
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "micro_batch_samples": min(config.micro_batch_samples, config.worker_mini_batch_samples),
+        "grad_accum_steps": config.grad_accum_steps,
+        "cliprange_value": config.cliprange_value,
+        "loss_agg_mode": config.loss_agg_mode,
+        "grad_clip": config.grad_clip,
+        "forward_micro_batch_samples": config.forward_micro_batch_samples,
+    }
+
+
+def start_worker_group(config: CriticServiceConfig) -> Any:
+    """The Ray workers of a service: one CriticWorker actor per rank, in one gloo group."""
+    from rlserve.core.workers import WorkerGroup
+
+    return WorkerGroup(
+        CriticWorker,
+        config.workers,
+        worker_kwargs(config),
+        num_cpus_per_worker=config.num_cpus_per_worker,
+    )
+
+
+def _unwrap_worker_error(error: BaseException) -> BaseException:
+    """A Ray task error's original exception (an RpcError keeps its status)."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, Exception) else error
+
+
+async def _from_workers(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except Exception as error:
+        cause = _unwrap_worker_error(error)
+        if cause is error:
+            raise
+        raise cause from None
+
+
+def _timeout_s(deadline: Deadline) -> float | None:
+    remaining = deadline.remaining_s()
+    return None if remaining == float("inf") else max(0.0, remaining)
+
+
+def _deadline_error(stage: str) -> RpcError:
+    return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"caller's deadline passed during {stage}")
+
+
+def _checkpoint_path(path: str) -> str:
+    if not path:
+        raise invalid_argument("location.path", "empty; give a directory")
+    if not Path(path).is_absolute():
+        raise invalid_argument(
+            "location.path", f"{path!r} is relative; give an absolute path the workers share"
+        )
+    return path
+
+
+def _existing_checkpoint(path: str) -> str:
+    """Checked here, not in the workers: an RpcError does not survive Ray's pickling."""
+    directory = Path(_checkpoint_path(path))
+    if not (directory / DEEPSPEED_DIR / DS_CHECKPOINT_TAG).is_dir():
+        raise invalid_argument(
+            "location.path", f"no critic checkpoint at {directory} (SaveCheckpoint writes one)"
+        )
+    return path
+
+
+class CriticController:
+    """State (version, applied steps) and dispatch of one critic service."""
+
+    def __init__(self, config: CriticServiceConfig, group: Any):
+        self.config = config
+        self.group = group
+        self.weights_version = 0
+        self.last_applied_step = -1
+        # step -> (metrics, weights_version after it), oldest first
+        self.applied: OrderedDict[int, tuple[dict[str, float], int]] = OrderedDict()
+        self._lock = asyncio.Lock()
+        self._worker_infos: list[dict[str, Any]] | None = None
+
+    async def worker_infos(self) -> list[dict[str, Any]]:
+        """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
+        if self._worker_infos is None:
+            self._worker_infos = await _from_workers(self.group.run_all("info"))
+        return self._worker_infos
+
+    async def _exclusive(
+        self, deadline: Deadline, stage: str, work: Callable[[], Awaitable[T]], atomic: bool
+    ) -> T:
+        """Runs `work` holding the lock, within the caller's deadline.
+
+        atomic=False: the wait is cancelled at the deadline. atomic=True: `work` runs to
+        completion (holding the lock until then) even when the caller stops waiting.
+        """
+        try:
+            await asyncio.wait_for(self._lock.acquire(), _timeout_s(deadline))
+        except TimeoutError:
+            raise _deadline_error(f"{stage} (waiting for an earlier call)") from None
+
+        async def locked() -> T:
+            try:
+                return await _from_workers(work())
+            finally:
+                self._lock.release()
+
+        task = asyncio.ensure_future(locked())
+        # A caller that stopped waiting never reads the outcome; mark it read.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(task) if atomic else task, _timeout_s(deadline)
+            )
+        except TimeoutError:
+            if atomic:
+                raise _deadline_error(f"{stage}; it continues and will complete") from None
+            raise _deadline_error(stage) from None
+
+    # ---- ComputeValues ------------------------------------------------------------------
+
+    async def compute_values(
+        self, batch: Batch, deadline: Deadline = NO_DEADLINE
+    ) -> tuple[Batch, dict[str, float]]:
+        """values [N, R] (meta.weights_version = the version used) and timing metrics."""
+        deadline.check("ComputeValues")
+        vocab_size = (await self.worker_infos())[0]["vocab_size"]
+        clean = sequence_batch(batch, vocab_size, self.config.max_batch_samples)
+
+        async def work() -> tuple[Batch, dict[str, float]]:
+            start = time.perf_counter()
+            values = await self.group.run_split("compute_values", clean)
+            metrics = {
+                "forward_s": time.perf_counter() - start,
+                "tokens": float(clean.tensors["response_mask"].sum()),
+                "rows": float(len(clean)),
+            }
+            return Batch(values.tensors, meta={"weights_version": self.weights_version}), metrics
+
+        return await self._exclusive(deadline, "ComputeValues", work, atomic=False)
+
+    # ---- UpdateCritic -------------------------------------------------------------------
+
+    async def update_critic(
+        self, step: int, batch: Batch, deadline: Deadline = NO_DEADLINE
+    ) -> tuple[dict[str, float], int, bool]:
+        """(metrics, weights_version after the step, replayed)."""
+        if step < 0:
+            raise invalid_argument("step", f"must be >= 0, got {step}")
+        deadline.check("UpdateCritic")
+        vocab_size = (await self.worker_infos())[0]["vocab_size"]
+
+        async def work() -> tuple[dict[str, float], int, bool]:
+            if step in self.applied:
+                metrics, version = self.applied[step]
+                return metrics, version, True
+            if step <= self.last_applied_step:
+                raise failed_precondition(
+                    f"step {step} is at or before the last applied step "
+                    f"{self.last_applied_step} and its result is no longer kept"
+                )
+            clean = update_batch(
+                batch, vocab_size, self.config.max_batch_samples, self.config.ppo_mini_batch_samples
+            )
+            metrics = await self._train(step, clean)
+            self.weights_version += 1
+            self.last_applied_step = step
+            self.applied[step] = (metrics, self.weights_version)
+            while len(self.applied) > REPLAY_HISTORY_STEPS:
+                self.applied.popitem(last=False)
+            return metrics, self.weights_version, False
+
+        return await self._exclusive(deadline, f"UpdateCritic step {step}", work, atomic=True)
+
+    def _plan(self, step: int, batch: Batch) -> list[RankUpdate]:
+        """Each rank's rows and mini-batch slices (see the module docstring)."""
+        world_size = len(self.group)
+        response_mask = batch.tensors["response_mask"]
+        slices: list[list[tuple[torch.Tensor, int]]] = [[] for _ in range(world_size)]
+        for _, rows in minibatch_indices(
+            len(batch), self.config.ppo_mini_batch_samples, self.config.ppo_epochs, seed=step
+        ):
+            units = loss_units(response_mask[rows], self.config.loss_agg_mode)
+            for rank, part in enumerate(rows.chunk(world_size)):
+                slices[rank].append((part, units))
+        plans = []
+        for rank_slices in slices:
+            # Ship each rank only its rows; index them locally.
+            needed = torch.unique(torch.cat([part for part, _ in rank_slices]))
+            local = torch.full((len(batch),), -1, dtype=torch.int64)
+            local[needed] = torch.arange(len(needed))
+            plans.append(
+                RankUpdate(
+                    batch=batch.index(needed),
+                    mini_batches=[
+                        MiniBatchSlice(local[part], units) for part, units in rank_slices
+                    ],
+                )
+            )
+        return plans
+
+    async def _train(self, step: int, batch: Batch) -> dict[str, float]:
+        start = time.perf_counter()
+        per_rank = await self.group.run_each("update_critic", self._plan(step, batch))
+        mini_batches = len(per_rank[0])
+        totals = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "grad_norm": 0.0, "lr": 0.0}
+        for index in range(mini_batches):
+            ranks = [results[index] for results in per_rank]
+            tokens = sum(r["tokens"] for r in ranks)
+            totals["vf_loss"] += sum(r["vf_loss"] for r in ranks)
+            totals["vf_clipfrac"] += sum(r["clipped_tokens"] for r in ranks) / max(tokens, 1.0)
+            totals["grad_norm"] += ranks[0]["grad_norm"]
+            totals["lr"] += ranks[0]["lr"]
+        metrics = {key: value / mini_batches for key, value in totals.items()}
+        metrics.update(
+            update_s=time.perf_counter() - start,
+            tokens=float(batch.tensors["response_mask"].sum()),
+            mini_batches=float(mini_batches),
+        )
+        return metrics
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
+        """(weights_version, last_applied_step) written to `path`."""
+        directory = _checkpoint_path(path)
+        deadline.check("SaveCheckpoint")
+
+        async def work() -> tuple[int, int]:
+            client_state = {
+                "weights_version": self.weights_version,
+                "last_applied_step": self.last_applied_step,
+                "applied": [
+                    [step, metrics, version] for step, (metrics, version) in self.applied.items()
+                ],
+            }
+            await self.group.run_all("save_checkpoint", directory, client_state)
+            return self.weights_version, self.last_applied_step
+
+        return await self._exclusive(deadline, "SaveCheckpoint", work, atomic=True)
+
+    async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
+        """(weights_version, last_applied_step) restored from `path`."""
+        directory = _existing_checkpoint(path)
+        deadline.check("LoadCheckpoint")
+
+        async def work() -> tuple[int, int]:
+            states = await self.group.run_all("load_checkpoint", directory)
+            state = states[0]
+            self.weights_version = int(state["weights_version"])
+            self.last_applied_step = int(state["last_applied_step"])
+            self.applied = OrderedDict(
+                (int(step), (dict(metrics), int(version)))
+                for step, metrics, version in state["applied"]
+            )
+            return self.weights_version, self.last_applied_step
+
+        return await self._exclusive(deadline, "LoadCheckpoint", work, atomic=True)

@@ -1,0 +1,89 @@
+"""The critic's Serve deployment: CriticService RPCs, thin over CriticController.
+
+Each method is named after its RPC and does: protobuf -> Batch (codec) -> controller
+(checks, dispatch to the worker group) -> protobuf. Errors become gRPC statuses in
+`rpc_method`; the caller's deadline comes from the `rlserve-deadline-unix-s` metadata.
+
+One replica only: the replica is the service's controller and holds its state (weights
+version, applied steps); data parallelism comes from its workers, not from replicas.
+The replica itself reserves no CPU (it waits on workers); each worker reserves
+`num_cpus_per_worker`.
+"""
+
+from importlib.metadata import version
+
+from ray import serve
+
+from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.serving import Deadline, rpc_method
+from rlserve.critic.config import CriticServiceConfig
+from rlserve.critic.controller import CriticController, start_worker_group
+from rlserve.v1 import common_pb2, critic_pb2
+
+
+def _deadline(grpc_context) -> Deadline:
+    return Deadline.from_metadata(grpc_context.invocation_metadata())
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+class CriticDeployment:
+    """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint."""
+
+    def __init__(self, config: CriticServiceConfig):
+        self.config = config
+        self.controller = CriticController(config, start_worker_group(config))
+
+    @rpc_method(critic_pb2.ComputeValuesResponse)
+    async def ComputeValues(self, request, grpc_context):
+        batch = batch_from_proto(request.batch)
+        values, metrics = await self.controller.compute_values(batch, _deadline(grpc_context))
+        return critic_pb2.ComputeValuesResponse(
+            batch=batch_to_proto(values), metrics=metrics_to_proto(metrics)
+        )
+
+    @rpc_method(critic_pb2.UpdateCriticResponse)
+    async def UpdateCritic(self, request, grpc_context):
+        batch = batch_from_proto(request.batch)
+        metrics, weights_version, replayed = await self.controller.update_critic(
+            request.step, batch, _deadline(grpc_context)
+        )
+        return critic_pb2.UpdateCriticResponse(
+            metrics=metrics_to_proto(metrics), weights_version=weights_version, replayed=replayed
+        )
+
+    @rpc_method(critic_pb2.CriticServiceGetInfoResponse)
+    async def GetInfo(self, request, grpc_context):
+        workers = await self.controller.worker_infos()
+        info = common_pb2.ServiceInfo(
+            role="critic",
+            model=self.config.model_path,
+            engine="deepspeed",
+            weights_version=self.controller.weights_version,
+            last_applied_step=self.controller.last_applied_step,
+            workers=[
+                common_pb2.WorkerInfo(
+                    rank=w["rank"], node_id=w["node_id"], hostname=w["hostname"], pid=w["pid"]
+                )
+                for w in workers
+            ],
+            rlserve_version=version("rlserve-critic"),
+        )
+        return critic_pb2.CriticServiceGetInfoResponse(info=info)
+
+    @rpc_method(critic_pb2.CriticServiceSaveCheckpointResponse)
+    async def SaveCheckpoint(self, request, grpc_context):
+        weights_version, step = await self.controller.save_checkpoint(
+            request.location.path, _deadline(grpc_context)
+        )
+        return critic_pb2.CriticServiceSaveCheckpointResponse(
+            weights_version=weights_version, last_applied_step=step
+        )
+
+    @rpc_method(critic_pb2.CriticServiceLoadCheckpointResponse)
+    async def LoadCheckpoint(self, request, grpc_context):
+        weights_version, step = await self.controller.load_checkpoint(
+            request.location.path, _deadline(grpc_context)
+        )
+        return critic_pb2.CriticServiceLoadCheckpointResponse(
+            weights_version=weights_version, last_applied_step=step
+        )

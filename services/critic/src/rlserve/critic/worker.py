@@ -1,0 +1,221 @@
+"""One data-parallel rank of the critic: a value model inside a DeepSpeed engine.
+
+Used as a Ray actor by the controller's WorkerGroup (one per rank), and in-process by
+unit tests (`init_distributed("127.0.0.1", free_port())` with world size 1).
+
+Update semantics, chosen so that N workers compute the same update as one:
+- The controller plans the mini-batches globally (one permutation per epoch over the
+  request's rows) and gives each rank an equal slice of every mini-batch. A rank runs
+  its slice as `grad_accum_steps` micro-batches, one backward + `engine.step()` each;
+  DeepSpeed steps the optimizer at the accumulation boundary.
+- Each micro-batch's loss is weighted so the summed gradient is the gradient of the
+  loss aggregated over the whole global mini-batch: weight = this micro-batch's share
+  of the mini-batch's loss units (response tokens for token-mean, non-empty sequences
+  for the seq-mean modes), times grad_accum_steps × world_size to undo DeepSpeed's
+  division by the accumulation steps and its gradient averaging over ranks.
+- A micro-batch without response tokens still runs a (zero) backward, so every rank
+  runs the same collectives (ZeRO-2/3 reduce in backward).
+"""
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.ppo_math import value_loss
+from rlserve.core.training import (
+    build_training_engine,
+    full_state_dict,
+    grad_norm,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+from rlserve.core.workers import distributed_address, init_process_group
+from rlserve.critic.model import load_value_model, response_values, save_value_model
+
+MODEL_DIR = "model"
+DEEPSPEED_DIR = "deepspeed"
+
+
+def loss_units(response_mask: torch.Tensor, loss_agg_mode: str) -> int:
+    """What the loss averages over: response tokens, or sequences with at least one."""
+    if loss_agg_mode == "token-mean":
+        return int(response_mask.sum())
+    return int(response_mask.bool().any(dim=1).sum())
+
+
+@dataclass(frozen=True)
+class MiniBatchSlice:
+    """This rank's rows of one global mini-batch."""
+
+    rows: torch.Tensor
+    """Row indices into the rank's batch, int64 [mini_batch_samples / world_size]."""
+    global_units: int
+    """Loss units (see loss_units) of the whole mini-batch, over all ranks."""
+
+
+@dataclass(frozen=True)
+class RankUpdate:
+    """What one rank trains on in one UpdateCritic."""
+
+    batch: Batch
+    """The rows this rank needs: input_ids, attention_mask, responses, response_mask,
+    values, returns."""
+    mini_batches: list[MiniBatchSlice]
+    """In optimizer-step order (epoch-major)."""
+
+
+class CriticWorker:
+    """Value model + DeepSpeed engine of one rank; the engine exists after init_distributed."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        dtype: str,
+        num_threads: int,
+        zero_stage: int,
+        lr: float,
+        weight_decay: float,
+        micro_batch_samples: int,
+        grad_accum_steps: int,
+        cliprange_value: float,
+        loss_agg_mode: str,
+        grad_clip: float,
+        forward_micro_batch_samples: int,
+    ):
+        torch.set_num_threads(num_threads)
+        self.rank = rank
+        self.world_size = world_size
+        self.dtype = dtype
+        self.zero_stage = zero_stage
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.micro_batch_samples = micro_batch_samples
+        self.grad_accum_steps = grad_accum_steps
+        self.cliprange_value = cliprange_value
+        self.loss_agg_mode = loss_agg_mode
+        self.grad_clip = grad_clip
+        self.forward_micro_batch_samples = forward_micro_batch_samples
+        self.model = load_value_model(model_path, dtype)
+        self.engine: Any = None
+
+    # ---- process group ----------------------------------------------------------------
+
+    def node_address(self) -> tuple[str, int]:
+        return distributed_address()
+
+    def init_distributed(self, address: str, port: int) -> None:
+        """Joins the gloo group, then wraps the model in its DeepSpeed engine."""
+        init_process_group(self.rank, self.world_size, address, port)
+        self.engine = build_training_engine(
+            self.model,
+            lr=self.lr,
+            zero_stage=self.zero_stage,
+            micro_batch_samples=self.micro_batch_samples,
+            grad_accum_steps=self.grad_accum_steps,
+            grad_clip=self.grad_clip,
+            weight_decay=self.weight_decay,
+            dtype=self.dtype,
+        )
+
+    def info(self) -> dict[str, Any]:
+        """Rank, placement and model facts for GetInfo and request validation."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return {
+            "rank": self.rank,
+            "node_id": node_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "vocab_size": self.model.config.get_text_config().vocab_size,
+        }
+
+    # ---- work ---------------------------------------------------------------------------
+
+    def _values(self, batch: Batch) -> torch.Tensor:
+        """Response values [n, R] (through the engine, so ZeRO-3 gathers its shards)."""
+        response_mask = batch.tensors["response_mask"]
+        values = self.engine(batch.tensors["input_ids"], batch.tensors["attention_mask"])
+        return response_values(values, response_mask, response_mask.shape[1])
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        """values [n, R] float32 for a sequence batch, in forward micro-batches."""
+        self.engine.eval()
+        chunks = [self._values(micro) for micro in batch.chunk(self.forward_micro_batch_samples)]
+        response_len = batch.tensors["responses"].shape[1]
+        values = torch.cat(chunks) if chunks else torch.zeros(0, response_len)
+        return Batch(tensors={"values": values})
+
+    def update_critic(self, work: RankUpdate) -> list[dict[str, float]]:
+        """Trains on this rank's slices; per mini-batch: this rank's metric sums.
+
+        Returns, per mini-batch: vf_loss (this rank's share of the global loss; sum over
+        ranks = the mini-batch loss), clipped_tokens and tokens (sum over ranks gives
+        the clip fraction), grad_norm and lr (equal on every rank).
+        """
+        self.engine.train()
+        scale = self.grad_accum_steps * self.world_size
+        zero_0 = self.engine.zero_optimization_stage() == 0
+        results = []
+        for mini in work.mini_batches:
+            sums = {"vf_loss": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
+            micro_batches = list(work.batch.index(mini.rows).chunk(self.micro_batch_samples))
+            if len(micro_batches) != self.grad_accum_steps:
+                raise ValueError(
+                    f"mini-batch slice of {len(mini.rows)} rows makes {len(micro_batches)} "
+                    f"micro-batches; the engine accumulates {self.grad_accum_steps}"
+                )
+            for index, micro in enumerate(micro_batches):
+                mask = micro.tensors["response_mask"]
+                values = self._values(micro)
+                units = loss_units(mask, self.loss_agg_mode)
+                if units == 0 or mini.global_units == 0:
+                    loss = values.sum() * 0.0  # keeps every rank's collectives in step
+                else:
+                    loss, metrics = value_loss(
+                        values,
+                        micro.tensors["values"],
+                        micro.tensors["returns"],
+                        mask,
+                        clip_range=self.cliprange_value,
+                        loss_agg_mode=self.loss_agg_mode,
+                    )
+                    weight = units / mini.global_units
+                    loss = loss * (weight * scale)
+                    tokens = float(mask.sum())
+                    sums["vf_loss"] += weight * float(metrics["vf_loss"])
+                    sums["clipped_tokens"] += float(metrics["vf_clipfrac"]) * tokens
+                    sums["tokens"] += tokens
+                self.engine.backward(loss)
+                if index == len(micro_batches) - 1 and zero_0:
+                    # ZeRO-0 records no norm and step() zeroes the (already all-reduced)
+                    # grads, so read it now; ZeRO-1/2/3 record it during step().
+                    sums["grad_norm"] = grad_norm(self.engine)
+                self.engine.step()
+            if not zero_0:
+                sums["grad_norm"] = grad_norm(self.engine)
+            sums["lr"] = float(self.engine.get_lr()[0])
+            results.append(sums)
+        return results
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str, client_state: dict[str, Any]) -> None:
+        """model/ (safetensors, rank 0) and deepspeed/ (every rank); call on all ranks."""
+        root = Path(directory)
+        state_dict = full_state_dict(self.engine)  # a collective under ZeRO-3
+        if self.rank == 0:
+            save_value_model(self.model, state_dict, root / MODEL_DIR)
+        save_training_checkpoint(self.engine, root / DEEPSPEED_DIR, client_state)
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restores weights + optimizer from deepspeed/; returns the saved client_state."""
+        return load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_DIR)

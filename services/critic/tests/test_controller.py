@@ -1,0 +1,224 @@
+"""CriticController without Ray: checks, idempotent updates by step, versions, deadlines.
+
+The controller drives real CriticWorkers here (world size 1, in this process) through
+the WorkerGroup interface; only Ray's actor transport is left out.
+"""
+
+import asyncio
+import time
+
+import grpc
+import pytest
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.config import ConfigError, validate_config
+from rlserve.core.serving import Deadline, RpcError
+from rlserve.critic.config import CriticServiceConfig
+from rlserve.critic.controller import CriticController, worker_kwargs
+from rlserve.critic.worker import CriticWorker
+
+SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+
+
+@pytest.fixture(scope="module")
+def controller(critic_model_dir, in_process_group):
+    from rlserve.core.cluster import free_port
+
+    config = CriticServiceConfig(
+        model_path=str(critic_model_dir),
+        ppo_mini_batch_samples=4,
+        micro_batch_samples=2,
+        ppo_epochs=2,
+        lr=1e-2,
+        max_batch_samples=16,
+    )
+    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
+    worker.init_distributed("127.0.0.1", free_port())
+    return CriticController(config, in_process_group([worker]))
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def values_of(controller, batch):
+    values, metrics = run(controller.compute_values(batch.select(SEQUENCE_KEYS)))
+    return values.tensors["values"], values.meta["weights_version"], metrics
+
+
+def test_updates_are_idempotent_by_step(controller, make_batch):
+    batch = make_batch(8, seed=11)
+    before, version, metrics = values_of(controller, batch)
+    assert version == 0 and metrics["tokens"] == float(batch.tensors["response_mask"].sum())
+
+    first, version, replayed = run(controller.update_critic(0, batch))
+    assert (version, replayed) == (1, False)
+    assert first["mini_batches"] == 4  # 8 rows / 4 per mini-batch × 2 epochs
+    assert set(first) >= {"vf_loss", "vf_clipfrac", "grad_norm", "lr", "update_s", "tokens"}
+    after, version, _ = values_of(controller, batch)
+    assert version == 1 and not torch.equal(before, after)
+
+    again, version, replayed = run(controller.update_critic(0, batch))
+    assert (again, version, replayed) == (first, 1, True)
+    assert torch.equal(values_of(controller, batch)[0], after)  # nothing trained
+
+    _, version, replayed = run(controller.update_critic(3, make_batch(4, seed=12)))
+    assert (version, replayed) == (2, False)  # steps may skip numbers
+    with pytest.raises(RpcError) as stale:
+        run(controller.update_critic(2, batch))
+    assert stale.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "last applied step 3" in stale.value.message
+    assert run(controller.update_critic(0, batch))[1:] == (1, True)  # still replayable
+
+
+def _with(batch: Batch, **tensors) -> Batch:
+    return Batch({**batch.tensors, **tensors}, batch.non_tensors, batch.meta)
+
+
+def _without(batch: Batch, key: str) -> Batch:
+    return Batch({k: v for k, v in batch.tensors.items() if k != key})
+
+
+def bad_batches(make_batch):
+    good = make_batch(4, seed=2)
+    t = good.tensors
+    nan_returns = t["returns"].clone()
+    nan_returns[0, 0] = float("nan")
+    wrong_tail = t["responses"].clone()
+    wrong_tail[0, 0] = (wrong_tail[0, 0] + 1) % 99
+    return {
+        "empty": (Batch(), grpc.StatusCode.INVALID_ARGUMENT, "batch: empty batch"),
+        "too many rows": (make_batch(20), grpc.StatusCode.RESOURCE_EXHAUSTED, "limit of 16"),
+        "no input_ids": (_without(good, "input_ids"), None, "tensors['input_ids']: missing"),
+        "float ids": (_with(good, input_ids=t["input_ids"].float()), None, "['input_ids']"),
+        "id out of vocab": (
+            _with(good, input_ids=t["input_ids"] + 200),
+            None,
+            "tensors['input_ids']: token ids must lie in 0..98",
+        ),
+        "mask shape": (
+            _with(good, attention_mask=t["attention_mask"][:, 1:]),
+            None,
+            "tensors['attention_mask']: shape",
+        ),
+        "mask values": (
+            _with(good, response_mask=t["response_mask"] * 2),
+            None,
+            "tensors['response_mask']: must hold only 0 and 1",
+        ),
+        "responses not the tail": (
+            _with(good, responses=wrong_tail),
+            None,
+            "tensors['responses']: must equal the last R columns",
+        ),
+        "no prompt position": (
+            _with(good, input_ids=t["responses"], attention_mask=t["response_mask"]),
+            None,
+            "tensors['input_ids']: needs more positions",
+        ),
+    }, {
+        "nan returns": (_with(good, returns=nan_returns), None, "['returns']: 1 values are NaN"),
+        "no values": (_without(good, "values"), None, "tensors['values']: missing"),
+        "values shape": (
+            _with(good, values=t["values"][:, :2]),
+            None,
+            "tensors['values']: shape [4, 2] must match responses [4, 5]",
+        ),
+        "rows not whole mini-batches": (
+            make_batch(6),
+            None,
+            "batch: 6 rows are not a multiple of this critic's ppo_mini_batch_samples (4)",
+        ),
+        "no response token": (
+            _with(good, response_mask=torch.zeros_like(t["response_mask"])),
+            None,
+            "tensors['response_mask']: has no response token",
+        ),
+    }
+
+
+def test_invalid_requests_name_the_field_and_train_nothing(controller, make_batch):
+    for_values, for_updates = bad_batches(make_batch)
+    cases = [(controller.compute_values, b, c, m) for b, c, m in for_values.values()]
+    cases += [
+        (lambda b: controller.update_critic(100, b), b, c, m)
+        for b, c, m in {**for_values, **for_updates}.values()
+    ]
+    version = controller.weights_version
+    for call, batch, code, message in cases:
+        with pytest.raises(RpcError) as error:
+            run(call(batch))
+        assert error.value.code == (code or grpc.StatusCode.INVALID_ARGUMENT), error.value.message
+        assert message in error.value.message
+    assert controller.weights_version == version
+    with pytest.raises(RpcError, match="step: must be >= 0"):
+        run(controller.update_critic(-1, make_batch(4)))
+    assert run(controller.update_critic(100, make_batch(4)))[1:] == (version + 1, False)
+
+
+def test_a_passed_deadline_is_deadline_exceeded(controller, make_batch):
+    past = Deadline(unix_s=1.0)
+    with pytest.raises(RpcError) as error:
+        run(controller.compute_values(make_batch(4).select(SEQUENCE_KEYS), past))
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    with pytest.raises(RpcError) as error:
+        run(controller.update_critic(1000, make_batch(4), past))
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 1000 not in controller.applied
+
+
+def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(
+    critic_model_dir, in_process_group, make_batch
+):
+    from rlserve.core.cluster import free_port
+
+    config = CriticServiceConfig(
+        model_path=str(critic_model_dir),
+        ppo_mini_batch_samples=4,
+        micro_batch_samples=1,
+        ppo_epochs=4,
+    )
+    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
+    worker.init_distributed("127.0.0.1", free_port())
+    controller = CriticController(config, in_process_group([worker], threaded=True))
+    batch = make_batch(64, seed=13)  # 256 forward/backward passes: ≈ 1.5 s, over 0.3 s
+    run(controller.worker_infos())  # asked once; not part of the timed call
+
+    async def impatient_then_retry():
+        with pytest.raises(RpcError) as error:
+            await controller.update_critic(5, batch, Deadline(unix_s=time.time() + 0.3))
+        assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "continues and will complete" in error.value.message
+        assert controller.weights_version == 0  # still training
+        return await controller.update_critic(5, batch)  # waits for it, then replays
+
+    _, version, replayed = run(impatient_then_retry())
+    assert (version, replayed) == (1, True)
+    assert controller.last_applied_step == 5
+
+
+def test_config_errors_name_the_field(tiny_model_dir):
+    with pytest.raises(ConfigError) as error:
+        validate_config(
+            CriticServiceConfig,
+            {"model_path": "m", "workers": 3, "ppo_mini_batch_samples": 8},
+        )
+    assert error.value.paths == ("workers",)
+    with pytest.raises(ConfigError) as error:
+        validate_config(
+            CriticServiceConfig,
+            {
+                "model_path": "m",
+                "workers": 2,
+                "ppo_mini_batch_samples": 8,
+                "micro_batch_samples": 3,
+            },
+        )
+    assert error.value.paths == ("micro_batch_samples",)
+    with pytest.raises(ConfigError, match="lrate"):
+        validate_config(CriticServiceConfig, {"model_path": "m", "lrate": 1.0})
+    with pytest.raises(ConfigError, match="model_path"):
+        validate_config(CriticServiceConfig, {})
+    config = CriticServiceConfig(model_path="m", workers=2, ppo_mini_batch_samples=8)
+    assert (config.worker_mini_batch_samples, config.grad_accum_steps) == (4, 1)

@@ -1,0 +1,115 @@
+"""Throughput of the reference service through Serve's gRPC port, on a private local Ray.
+
+Builds the embedded default's tiny Llama (hidden 128, 4 layers, character tokenizer),
+deploys the reference from it, and times ComputeRefLogProb on one batch of `--rows`
+sequences (prompt `--prompt-len`, response `--response-len`, every response token real).
+Prints the median of `--repeats` calls after one warm-up call, as log-prob tokens/s
+(response tokens scored per second, wall, client side) and sequence tokens/s (positions
+the model runs over).
+
+    .venv/bin/python services/reference/benchmarks/bench_reference.py [--workers 2]
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_to_proto
+from rlserve.core.serving import deadline_metadata
+from rlserve.v1 import reference_pb2, reference_pb2_grpc
+
+TIMEOUT_S = 600.0
+
+
+def build_model(directory: Path) -> int:
+    from rlserve.core.embedded.model import build_tiny_llama, save_model
+    from rlserve.core.embedded.tokenizer import save_char_tokenizer
+
+    tokenizer = save_char_tokenizer(directory)
+    save_model(build_tiny_llama(tokenizer), directory)
+    return len(tokenizer)
+
+
+def make_batch(rows: int, prompt_len: int, response_len: int, vocab_size: int) -> Batch:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(4, vocab_size, (rows, prompt_len + response_len), generator=generator)
+    return Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "responses": input_ids[:, prompt_len:].clone(),
+            "response_mask": torch.ones(rows, response_len, dtype=torch.long),
+        }
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--response-len", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import grpc
+    import ray
+    from ray import serve
+
+    from rlserve.core.cluster import free_port, start_local_ray, start_serve
+    from rlserve.reference.app import build_app
+
+    work = Path(tempfile.mkdtemp(prefix="rlbench"))
+    vocab_size = build_model(work / "model")
+    start_local_ray(num_cpus=8, temp_dir=work / "ray")
+    grpc_port = free_port()
+    start_serve(grpc_port)
+    config = {
+        "model_path": str(work / "model"),
+        "workers": args.workers,
+        "num_cpus_per_worker": args.threads_per_worker,  # also each worker's torch threads
+        "micro_batch_samples": 64,
+    }
+    serve.run(build_app(config), name="reference", route_prefix="/reference")
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{grpc_port}", options=[("grpc.max_receive_message_length", 1 << 30)]
+    )
+    stub = reference_pb2_grpc.ReferenceServiceStub(channel)
+    batch = make_batch(args.rows, args.prompt_len, args.response_len, vocab_size)
+    request = reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(batch))
+
+    def call() -> float:
+        start = time.perf_counter()
+        stub.ComputeRefLogProb(
+            request,
+            metadata=(("application", "reference"), deadline_metadata(TIMEOUT_S)),
+            timeout=TIMEOUT_S,
+        )
+        return time.perf_counter() - start
+
+    call()
+    seconds = statistics.median(call() for _ in range(args.repeats))
+    tokens = args.rows * args.response_len
+    sequence_tokens = args.rows * (args.prompt_len + args.response_len)
+    print(
+        f"reference: tiny Llama (hidden 128, 4 layers), {args.workers} worker(s), "
+        f"{args.threads_per_worker} torch thread(s) each, {args.rows} rows × "
+        f"(prompt {args.prompt_len} + response {args.response_len}), micro-batch 64, fp32"
+    )
+    print(
+        f"ComputeRefLogProb: {seconds * 1000:.0f} ms/call, {tokens / seconds:,.0f} log-prob "
+        f"tokens/s ({sequence_tokens / seconds:,.0f} sequence tokens/s forward)"
+    )
+    channel.close()
+    serve.shutdown()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

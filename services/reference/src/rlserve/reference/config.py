@@ -1,0 +1,28 @@
+"""The reference service's configuration: one typed, documented, validated model."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlserve.core.config import ConfigModel
+
+
+class ReferenceServiceConfig(ConfigModel):
+    """A frozen copy of the initial policy behind ReferenceService."""
+
+    model_path: str
+    """Causal-LM directory (HF format) of the initial policy."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the model; log-probs are computed in float32 either way."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel workers, one Ray actor each; a request's rows are split over them."""
+    num_cpus_per_worker: float = Field(1.0, gt=0)
+    """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least 1)."""
+    micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward pass on one worker."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
+    temperature: float = Field(1.0, gt=0)
+    """Logits are divided by it before the log-softmax, for batches whose meta carries no
+    'temperature' (the rollout stamps its sampling temperature there, and that one wins);
+    set it to the rollout's sampling temperature so the KL compares the same distributions."""

@@ -1,0 +1,55 @@
+"""The reference's Serve deployment: ReferenceService RPCs, thin over ReferenceController.
+
+Each method is named after its RPC: protobuf -> Batch (codec) -> controller (checks,
+dispatch to the workers) -> protobuf; errors become gRPC statuses in `rpc_method`.
+
+One replica: data parallelism comes from its workers. The replica reserves no CPU (it
+waits on workers); each worker reserves `num_cpus_per_worker`.
+"""
+
+from importlib.metadata import version
+
+from ray import serve
+
+from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.serving import Deadline, rpc_method
+from rlserve.reference.config import ReferenceServiceConfig
+from rlserve.reference.controller import ReferenceController, start_worker_group
+from rlserve.v1 import common_pb2, reference_pb2
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+class ReferenceDeployment:
+    """ReferenceService: ComputeRefLogProb, GetInfo."""
+
+    def __init__(self, config: ReferenceServiceConfig):
+        self.config = config
+        self.controller = ReferenceController(config, start_worker_group(config))
+
+    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
+    async def ComputeRefLogProb(self, request, grpc_context):
+        batch = batch_from_proto(request.batch)
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        log_probs, metrics = await self.controller.compute_ref_log_prob(batch, deadline)
+        return reference_pb2.ComputeRefLogProbResponse(
+            batch=batch_to_proto(log_probs), metrics=metrics_to_proto(metrics)
+        )
+
+    @rpc_method(reference_pb2.ReferenceServiceGetInfoResponse)
+    async def GetInfo(self, request, grpc_context):
+        workers = await self.controller.worker_infos()
+        info = common_pb2.ServiceInfo(
+            role="reference",
+            model=self.config.model_path,
+            engine="hf",
+            weights_version=0,
+            last_applied_step=-1,
+            workers=[
+                common_pb2.WorkerInfo(
+                    rank=w["rank"], node_id=w["node_id"], hostname=w["hostname"], pid=w["pid"]
+                )
+                for w in workers
+            ],
+            rlserve_version=version("rlserve-reference"),
+        )
+        return reference_pb2.ReferenceServiceGetInfoResponse(info=info)

@@ -1,0 +1,82 @@
+"""One data-parallel rank of the reference: a frozen causal LM scoring responses.
+
+The model is loaded once, put in eval mode with every parameter frozen, and only ever
+runs under `torch.no_grad()`: no optimizer, no gradients, no state that changes. Log-probs
+come from rlserve.core.modeling (`response_logits` + `log_probs_from_logits`), the same
+functions the rollout service uses for ComputeLogProb, so before any actor update the two
+agree by construction (an integration test checks it through both services).
+
+Used as a Ray actor by WorkerGroup, and in-process by unit tests. `init_distributed`
+joins a gloo process group as WorkerGroup requires, although inference needs no
+collective.
+"""
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.modeling import load_causal_lm, log_probs_from_logits, response_logits
+from rlserve.core.workers import distributed_address, init_process_group
+
+
+class ReferenceWorker:
+    """Frozen policy copy of one rank."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        dtype: str,
+        num_threads: int,
+        micro_batch_samples: int,
+    ):
+        torch.set_num_threads(num_threads)
+        self.rank = rank
+        self.world_size = world_size
+        self.micro_batch_samples = micro_batch_samples
+        self.model = load_causal_lm(model_path, dtype).eval()
+        self.model.requires_grad_(False)
+
+    def node_address(self) -> tuple[str, int]:
+        return distributed_address()
+
+    def init_distributed(self, address: str, port: int) -> None:
+        init_process_group(self.rank, self.world_size, address, port)
+
+    def info(self) -> dict[str, Any]:
+        """Rank, placement and model facts for GetInfo and request validation."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return {
+            "rank": self.rank,
+            "node_id": node_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "vocab_size": self.model.config.get_text_config().vocab_size,
+        }
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, batch: Batch, temperature: float = 1.0) -> Batch:
+        """ref_log_probs [n, R] float32 (0 outside response_mask), in micro-batches.
+
+        Log-probs are taken under softmax(logits / temperature), as the rollout sampled.
+        """
+        response_len = batch.tensors["responses"].shape[1]
+        chunks = []
+        for micro in batch.chunk(self.micro_batch_samples):
+            logits = response_logits(
+                self.model,
+                micro.tensors["input_ids"],
+                micro.tensors["attention_mask"],
+                response_len,
+                temperature,
+            )
+            log_probs = log_probs_from_logits(logits, micro.tensors["responses"])
+            chunks.append(log_probs * micro.tensors["response_mask"])
+        log_probs = torch.cat(chunks) if chunks else torch.zeros(0, response_len)
+        return Batch(tensors={"ref_log_probs": log_probs})
