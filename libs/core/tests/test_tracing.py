@@ -9,7 +9,9 @@ import asyncio
 import base64
 import json
 import random
+import socket
 import threading
+import time
 import timeit
 from concurrent import futures
 
@@ -26,7 +28,6 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind, StatusCode
 
 from rlserve.core import tracing
-from rlserve.core.cluster import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +43,12 @@ def _recording(tmp_path, service: str = "trainer", ratio: float = 1.0, **kwargs)
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return memory, file_path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _read_lines(path):
@@ -377,3 +384,15 @@ def test_otlp_grpc_export_reaches_a_receiver():
     assert sorted(name for name, _ in spans) == ["ppo.step", "trainer.advantages"]
     resource = {a.key: a.value.string_value for a in spans[0][1].attributes}
     assert resource["service.name"] == "trainer"
+
+
+def test_shutdown_is_bounded_when_the_collector_is_down():
+    port = free_port()  # nothing listens there
+    tracing.setup_tracing("trainer", f"http://127.0.0.1:{port}", 1.0, True)
+    for step in range(3):
+        with tracing.span("ppo.step", step=step):
+            pass
+    started = time.monotonic()
+    assert tracing.shutdown_tracing(timeout_s=1.0) is False
+    assert time.monotonic() - started < 3.0
+    assert not tracing.tracing_enabled()

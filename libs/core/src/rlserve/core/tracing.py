@@ -8,7 +8,7 @@ passes incoming metadata through unchanged).
 Design choices:
 - **Off costs nothing.** When disabled no TracerProvider is built and `span()` hands back
   one shared do-nothing context manager (no OpenTelemetry call at all), so the
-  instrumented code paths cost a dict-free function call (≈ 0.1 µs) per span.
+  instrumented code paths cost one function call per span (≈ 0.5 µs measured here).
 - **Our own provider, not the process-global one.** rlserve spans come from the provider
   this module holds; `opentelemetry.trace.set_tracer_provider` is left alone, because it
   may be set only once per process (a re-set is ignored with a warning) and Ray Serve's
@@ -74,9 +74,10 @@ TRACER_NAME = "rlserve"
 # and `tracestate` (vendor data). gRPC metadata keys are lower case, as W3C asks.
 _PROPAGATOR = TraceContextTextMapPropagator()
 TRACE_METADATA_KEYS = frozenset(_PROPAGATOR.fields)
-# How long shutdown waits for exporters (an unreachable collector must not hang exit).
-SHUTDOWN_TIMEOUT_MS = 10_000
-# Per export call to the OTLP collector.
+# How long shutdown / flush wait for exporters: an unreachable collector must not hang a
+# process's exit (the SDK's own waits add up to tens of seconds: retries per batch).
+FLUSH_TIMEOUT_S = 10.0
+# Per export call to the OTLP collector, retries included.
 OTLP_EXPORT_TIMEOUT_S = 10.0
 
 AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int]
@@ -250,20 +251,46 @@ def setup_tracing(
     return provider
 
 
-def shutdown_tracing() -> None:
-    """Flushes every exporter and turns tracing off; a no-op when it is off."""
+def shutdown_tracing(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+    """Exports what is pending, stops the exporters and turns tracing off.
+
+    Waits at most `timeout_s` (spans still pending then are dropped, with a warning);
+    returns True when everything was exported in time. A no-op when tracing is off.
+    """
     global _active
     with _active_lock:
         active, _active = _active, None
-    if active is not None:
-        active.provider.force_flush(SHUTDOWN_TIMEOUT_MS)
-        active.provider.shutdown()
+    if active is None:
+        return True
+    return _within(active.provider.shutdown, timeout_s, "shutdown")
 
 
-def flush_tracing(timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> bool:
+def flush_tracing(timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
     """Exports every finished span now; True when all exporters finished in time."""
     active = _active
-    return True if active is None else active.provider.force_flush(timeout_ms)
+    if active is None:
+        return True
+    return _within(active.provider.force_flush, timeout_s, "flush")
+
+
+def _within(call: Any, timeout_s: float, what: str) -> bool:
+    """Runs `call` on a daemon thread and waits at most `timeout_s` for it.
+
+    The SDK's BatchSpanProcessor ignores flush timeouts (opentelemetry-python #4568)
+    and retries an unreachable collector per batch, so the bound is enforced here.
+    """
+    outcome: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(call()), name=f"rlserve-tracing-{what}", daemon=True
+    )
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        logger.warning(
+            "tracing %s did not finish in %.0f s; pending spans dropped", what, timeout_s
+        )
+        return False
+    return outcome[0] is not False
 
 
 def tracing_enabled() -> bool:
