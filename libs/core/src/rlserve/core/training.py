@@ -67,7 +67,11 @@ def build_training_engine(
 
 
 def grad_norm(engine: Any) -> float:
-    """Global gradient norm of the last optimizer step (before clipping)."""
+    """Global gradient norm (before clipping) of the micro-batches accumulated so far.
+
+    Call it before the `engine.step()` that ends an accumulation: under ZeRO-0 with a
+    client optimizer DeepSpeed records no norm and that step frees the gradients.
+    """
     norm = engine.get_global_grad_norm()
     if norm is None:  # ZeRO-0 with a client optimizer does not record it
         squares = [

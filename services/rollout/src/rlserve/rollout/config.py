@@ -41,7 +41,7 @@ class RolloutServiceConfig(ConfigModel):
     placement_group_name: str | None = None
     """Existing named placement group to put worker i in bundle i; None = Ray decides."""
     seed: int = 0
-    """Seed of the mini-batch shuffling and of the generation engine's default state."""
+    """Seed of the mini-batch shuffling (offset by the step) and of the vLLM engine."""
 
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage (0 = plain data parallel)."""
@@ -76,6 +76,9 @@ class RolloutServiceConfig(ConfigModel):
     kl_loss_kind: KlKind = "k3"
     """KL estimator of the KL loss term."""
 
+    temperature: float = Field(1.0, gt=0)
+    """Softmax temperature of ComputeLogProb and UpdateActor for batches whose meta has no
+    'temperature' (GenerateSequences stamps the sampling temperature into its batches)."""
     logprob_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeLogProb on one worker."""
     max_batch_samples: int = Field(4096, ge=1)

@@ -218,14 +218,18 @@ class PPOTrainer:
             ]
         if "values" in results:
             extra["values"] = batch_from_proto(results["values"].batch)["values"]
-        batch = Batch(tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors)
+        batch = Batch(
+            tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors, meta=batch.meta
+        )
 
         math_started = time.perf_counter()
         targets, adv_metrics = compute_advantages(
             batch, self.advantage_settings, self.kl_controller.value
         )
         timings["time/advantages_s"] = time.perf_counter() - math_started
-        batch = Batch(tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors)
+        batch = Batch(
+            tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors, meta=batch.meta
+        )
 
         actor_keys = [*SEQUENCE_KEYS, "old_log_probs", "advantages"]
         if config.actor.use_kl_loss:

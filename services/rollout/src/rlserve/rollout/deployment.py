@@ -1,0 +1,133 @@
+"""RolloutService as a Ray Serve deployment: protobuf in, plain objects to the controller.
+
+Thin on purpose: each RPC decodes its request (codec), turns SamplingParams into
+SamplingSettings (0 = default, as the proto says), hands everything to the
+RolloutController with the caller's deadline, and encodes the answer. `rpc_method` turns
+RpcErrors (validation, versions) into gRPC statuses and anything else into a one-line
+INTERNAL; the replica keeps serving either way.
+
+One replica, always: it is the service's controller and owns the weights version and
+the data-parallel ActorWorkers it creates (Ray actors, fate-shared with the replica).
+The replica itself reserves no CPU; the workers reserve `num_cpus_per_worker` each.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version as package_version
+
+import ray
+from ray import serve
+
+from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.serving import Deadline, rpc_method
+from rlserve.core.workers import WorkerGroup
+from rlserve.rollout.config import RolloutServiceConfig
+from rlserve.rollout.engine import RolloutController, controller_settings
+from rlserve.rollout.generation import SamplingSettings
+from rlserve.rollout.worker import ActorWorker, actor_worker_kwargs
+from rlserve.v1 import common_pb2, rollout_pb2
+
+ROLE = "rollout"
+
+
+def sampling_from_proto(params: rollout_pb2.SamplingParams, return_log_probs: bool):
+    """SamplingParams with the proto's defaults applied (top_p 0 = 1, top_k 0 = off, n 0 = 1)."""
+    return SamplingSettings(
+        temperature=params.temperature,
+        top_p=params.top_p if params.top_p != 0 else 1.0,
+        top_k=-1 if params.top_k in (0, -1) else params.top_k,
+        max_new_tokens=params.max_new_tokens,
+        responses_per_prompt=params.responses_per_prompt or 1,
+        seed=params.seed if params.HasField("seed") else None,
+        ignore_eos=params.ignore_eos,
+        return_log_probs=return_log_probs,
+    )
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+class RolloutDeployment:
+    """The actor service: generation, log-probs and PPO updates over DP ActorWorkers."""
+
+    def __init__(self, config: RolloutServiceConfig):
+        workers = WorkerGroup(
+            ActorWorker,
+            config.workers,
+            actor_worker_kwargs(config),
+            num_cpus_per_worker=config.num_cpus_per_worker,
+            placement_group_name=config.placement_group_name,
+        )
+        limits = ray.get(workers.workers[0].model_limits.remote())
+        self.controller = RolloutController(workers, controller_settings(config, **limits))
+
+    @rpc_method(rollout_pb2.GenerateSequencesResponse)
+    async def GenerateSequences(self, request, grpc_context):
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        batch, metrics = await self.controller.generate(
+            batch_from_proto(request.prompts),
+            sampling_from_proto(request.sampling, request.return_log_probs),
+            _optional(request, "expected_weights_version"),
+            deadline,
+        )
+        return rollout_pb2.GenerateSequencesResponse(
+            batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
+        )
+
+    @rpc_method(rollout_pb2.ComputeLogProbResponse)
+    async def ComputeLogProb(self, request, grpc_context):
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        batch, metrics = await self.controller.compute_log_prob(
+            batch_from_proto(request.batch),
+            request.return_entropy,
+            _optional(request, "expected_weights_version"),
+            deadline,
+        )
+        return rollout_pb2.ComputeLogProbResponse(
+            batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
+        )
+
+    @rpc_method(rollout_pb2.UpdateActorResponse)
+    async def UpdateActor(self, request, grpc_context):
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        result = await self.controller.update_actor(
+            request.step, request.weights_version, batch_from_proto(request.batch), deadline
+        )
+        return rollout_pb2.UpdateActorResponse(
+            metrics=metrics_to_proto(result.metrics),
+            weights_version=result.weights_version,
+            replayed=result.replayed,
+        )
+
+    @rpc_method(rollout_pb2.RolloutServiceGetInfoResponse)
+    async def GetInfo(self, request, grpc_context):
+        info = await self.controller.info()
+        return rollout_pb2.RolloutServiceGetInfoResponse(
+            info=common_pb2.ServiceInfo(
+                role=ROLE,
+                model=info["model"],
+                engine=info["engine"],
+                weights_version=info["weights_version"],
+                last_applied_step=info["last_applied_step"],
+                workers=[common_pb2.WorkerInfo(**worker) for worker in info["workers"]],
+                rlserve_version=package_version("rlserve-rollout"),
+            )
+        )
+
+    @rpc_method(rollout_pb2.RolloutServiceSaveCheckpointResponse)
+    async def SaveCheckpoint(self, request, grpc_context):
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        version, step = await self.controller.save_checkpoint(request.location.path, deadline)
+        return rollout_pb2.RolloutServiceSaveCheckpointResponse(
+            weights_version=version, last_applied_step=step
+        )
+
+    @rpc_method(rollout_pb2.RolloutServiceLoadCheckpointResponse)
+    async def LoadCheckpoint(self, request, grpc_context):
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        version, step = await self.controller.load_checkpoint(request.location.path, deadline)
+        return rollout_pb2.RolloutServiceLoadCheckpointResponse(
+            weights_version=version, last_applied_step=step
+        )
+
+
+def _optional(request, field: str) -> int | None:
+    return getattr(request, field) if request.HasField(field) else None

@@ -1,0 +1,531 @@
+"""RolloutController: the rollout service's logic behind the RPCs, without gRPC or Ray.
+
+It owns what is service-wide rather than per rank:
+
+- **Weights versions.** 0 for the loaded model, +1 per applied update. Generation stamps
+  its batch with the version that produced it; a request that names another version
+  (expected_weights_version, UpdateActor.weights_version) gets FAILED_PRECONDITION, so
+  policies are never silently mixed.
+- **Idempotent updates.** An UpdateActor carries its step. The results of the last
+  `kept_update_results` steps are kept: a retried step gets its stored result with
+  replayed=true and trains nothing, whatever batch and version it carries (a retry
+  carries the version its update consumed; a different batch is logged as a likely
+  caller bug). An older step whose result is gone is FAILED_PRECONDITION.
+- **Temperature.** Log-probs are taken under softmax(logits / T). GenerateSequences
+  stamps its batch's meta with the sampling temperature (`temperature`; 1 for greedy),
+  and ComputeLogProb / UpdateActor use the T their batch's meta carries, else the
+  configured default, so scoring matches how the samples were drawn.
+- **Data-parallel dispatch.** Generation and log-probs go through `run_split` (split with
+  padding, collect in order). An update is planned here, once: each epoch shuffles the
+  rows (seeded by config seed + step), cuts mini-batches, and gives every rank an equal
+  contiguous share of each, so the same request trains identically with 1 or N workers.
+- **Failure containment.** Calls run one at a time (an asyncio lock), so a generation can
+  never see half-updated weights. An update or checkpoint load that fails after it
+  reached the workers may have left weights changed, so the controller refuses further
+  work (FAILED_PRECONDITION) until a LoadCheckpoint succeeds.
+- **Deadlines.** Every call to the workers has a timeout: the caller's deadline (when
+  sooner) or `worker_call_timeout_s`. Updates and checkpoints check the caller's deadline
+  before they start but then run to completion, since stopping half-way would leave
+  ranks out of step.
+
+`workers` is a `rlserve.core.workers.WorkerGroup` of ActorWorkers in the service, or a
+`LocalWorkers` (below) holding one in-process ActorWorker in unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
+from rlserve.core.training import minibatch_indices
+from rlserve.rollout.config import RolloutServiceConfig
+from rlserve.rollout.generation import SamplingSettings
+from rlserve.rollout.request_checks import (
+    check_prompts,
+    check_sampling,
+    check_sequences,
+    check_update_batch,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+NO_DEADLINE = Deadline()
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
+UPDATE_KEYS = (*SEQUENCE_KEYS, "old_log_probs", "advantages")
+TEMPERATURE_META_KEY = "temperature"
+"""Batch meta key carrying the sampling temperature from generation to scoring and
+training: log-probs are taken under softmax(logits / T), as the samples were drawn."""
+
+
+class Workers(Protocol):
+    """What the controller needs from its data-parallel workers (WorkerGroup's methods)."""
+
+    def __len__(self) -> int: ...
+
+    async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch: ...
+
+    async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list: ...
+
+
+class LocalWorkers:
+    """WorkerGroup's interface over in-process workers (already initialised)."""
+
+    def __init__(self, workers: Sequence[Any]):
+        self.workers = list(workers)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [getattr(worker, method)(*args, **kwargs) for worker in self.workers]
+
+    async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
+        chunks, pad_count = batch.split(len(self.workers))
+        return Batch.collect(await self.run_each(method, chunks, **kwargs), pad_count)
+
+    async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list:
+        return [
+            getattr(worker, method)(item, **kwargs)
+            for worker, item in zip(self.workers, per_rank, strict=True)
+        ]
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """What an applied UpdateActor answered, kept for retries."""
+
+    step: int
+    weights_version: int
+    metrics: dict[str, float]
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    metrics: dict[str, float]
+    weights_version: int
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Service-wide limits and training plan (plain values, built from the config)."""
+
+    model: str
+    engine: str
+    vocab_size: int
+    max_positions: int
+    max_batch_samples: int
+    max_new_tokens_limit: int
+    ppo_epochs: int
+    ppo_mini_batch_samples: int
+    use_kl_loss: bool
+    temperature: float
+    """Scoring temperature for batches whose meta carries none."""
+    seed: int
+    kept_update_results: int
+    worker_call_timeout_s: float
+
+
+class RolloutController:
+    """Versions, idempotency, validation and dispatch for one rollout service."""
+
+    def __init__(self, workers: Workers, settings: ControllerSettings):
+        self.workers = workers
+        self.settings = settings
+        self.weights_version = 0
+        self.last_applied_step = -1
+        self._updates: OrderedDict[int, UpdateRecord] = OrderedDict()
+        self._broken: str | None = None
+        self._lock = asyncio.Lock()
+        self._worker_info: list[dict[str, Any]] | None = None
+
+    # ---- RPC logic ----------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompts: Batch,
+        sampling: SamplingSettings,
+        expected_weights_version: int | None = None,
+        deadline: Deadline = NO_DEADLINE,
+    ) -> tuple[Batch, dict[str, float]]:
+        """Responses for left-padded prompts; meta.weights_version = the version used.
+
+        Non-tensor columns of the prompts are repeated per response; `uid` is set to the
+        index of the source prompt (replacing a `uid` column the caller sent).
+        """
+        settings = self.settings
+        check_sampling(sampling, settings.max_new_tokens_limit)
+        prompts = check_prompts(
+            prompts,
+            settings.vocab_size,
+            settings.max_positions,
+            sampling.max_new_tokens,
+            sampling.responses_per_prompt,
+            settings.max_batch_samples,
+        )
+        # uid = index of the source prompt, set before the split so it is global.
+        work = Batch(
+            {key: prompts[key] for key in ("input_ids", "attention_mask")},
+            {**prompts.non_tensors, "uid": list(range(len(prompts)))},
+        )
+        async with self._lock:
+            self._check_usable()
+            self._check_expected_version(expected_weights_version)
+            deadline.check("GenerateSequences")
+            start = time.perf_counter()
+            result = await self._call(
+                self.workers.run_split("generate", work, sampling=sampling),
+                deadline,
+                "GenerateSequences",
+            )
+            version = self.weights_version
+        elapsed_s = time.perf_counter() - start
+        temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+        meta = {**prompts.meta, "weights_version": version, TEMPERATURE_META_KEY: temperature}
+        batch = Batch(result.tensors, result.non_tensors, meta)
+        tokens = float(batch["response_mask"].sum())
+        metrics = {
+            "generate_s": elapsed_s,
+            "generated_tokens": tokens,
+            "generated_tokens_per_s": tokens / max(elapsed_s, 1e-9),
+        }
+        return batch, metrics
+
+    async def compute_log_prob(
+        self,
+        batch: Batch,
+        return_entropy: bool = False,
+        expected_weights_version: int | None = None,
+        deadline: Deadline = NO_DEADLINE,
+    ) -> tuple[Batch, dict[str, float]]:
+        """log_probs [N, R] (+ entropy) under the current weights."""
+        settings = self.settings
+        batch = check_sequences(batch, settings.vocab_size, settings.max_batch_samples)
+        temperature = _temperature(batch, settings.temperature)
+        work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
+        async with self._lock:
+            self._check_usable()
+            self._check_expected_version(expected_weights_version)
+            deadline.check("ComputeLogProb")
+            start = time.perf_counter()
+            result = await self._call(
+                self.workers.run_split(
+                    "compute_log_prob",
+                    work,
+                    temperature=temperature,
+                    return_entropy=return_entropy,
+                ),
+                deadline,
+                "ComputeLogProb",
+            )
+            version = self.weights_version
+        elapsed_s = time.perf_counter() - start
+        tokens = float(batch["response_mask"].sum())
+        metrics = {
+            "forward_s": elapsed_s,
+            "tokens": tokens,
+            "tokens_per_s": tokens / max(elapsed_s, 1e-9),
+        }
+        return Batch(result.tensors, meta={"weights_version": version}), metrics
+
+    async def update_actor(
+        self, step: int, weights_version: int, batch: Batch, deadline: Deadline = NO_DEADLINE
+    ) -> UpdateResult:
+        """One PPO update (all epochs and mini-batches), applied at most once per step.
+
+        The update runs as its own task: if the caller goes away (cancellation), it still
+        finishes and records its result, so the caller's retry is answered by a replay.
+        """
+        if step < 0:
+            raise invalid_argument("step", f"must be >= 0, got {step}")
+        fingerprint = batch_fingerprint(batch)
+        return await _shielded(
+            self._update_actor(step, weights_version, batch, fingerprint, deadline)
+        )
+
+    async def _update_actor(
+        self, step: int, weights_version: int, batch: Batch, fingerprint: str, deadline: Deadline
+    ) -> UpdateResult:
+        settings = self.settings
+        async with self._lock:
+            self._check_usable()
+            stored = self._updates.get(step)
+            if stored is not None:
+                if stored.fingerprint != fingerprint:
+                    # The contract replays by step alone; a different batch under an
+                    # applied step is most likely a caller's bug, so say so in the log.
+                    logger.warning(
+                        "UpdateActor step %d replayed, but its batch differs from the one "
+                        "applied; the new batch was not trained on",
+                        step,
+                    )
+                return UpdateResult(stored.metrics, stored.weights_version, replayed=True)
+            if step <= self.last_applied_step:
+                raise failed_precondition(
+                    f"step: {step} is not after the last applied step {self.last_applied_step} "
+                    f"and its result is no longer kept (the last {settings.kept_update_results} "
+                    "are); steps must increase"
+                )
+            self._check_version("weights_version", weights_version)
+            batch = check_update_batch(
+                batch, settings.vocab_size, settings.max_batch_samples, settings.use_kl_loss
+            )
+            per_rank = self._plan_update(batch, step)
+            temperature = _temperature(batch, settings.temperature)
+            deadline.check("UpdateActor")
+            start = time.perf_counter()
+            try:
+                results = await self._call(
+                    self.workers.run_each("update_actor", per_rank, temperature=temperature),
+                    NO_DEADLINE,  # see the module docstring: an update is not abandoned
+                    "UpdateActor",
+                )
+            except BaseException as error:
+                self._broken = f"UpdateActor step {step} failed part-way ({error!r:.200})"
+                raise
+            metrics = _merge_rank_metrics(results)
+            metrics["update_s"] = time.perf_counter() - start
+            metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
+            self.weights_version += 1
+            self.last_applied_step = step
+            self._remember(UpdateRecord(step, self.weights_version, metrics, fingerprint))
+            return UpdateResult(metrics, self.weights_version, replayed=False)
+
+    async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
+        """Writes <path>/model and <path>/deepspeed; returns (weights_version, last step)."""
+        directory = _checkpoint_dir(path)
+        return await _shielded(self._save_checkpoint(directory, deadline))
+
+    async def _save_checkpoint(self, directory: Path, deadline: Deadline) -> tuple[int, int]:
+        async with self._lock:
+            self._check_usable()
+            deadline.check("SaveCheckpoint")
+            state = self._client_state()
+            await self._call(
+                self.workers.run_all("save_checkpoint", str(directory), state),
+                NO_DEADLINE,
+                "SaveCheckpoint",
+            )
+            return self.weights_version, self.last_applied_step
+
+    async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
+        """Restores a SaveCheckpoint directory; returns (weights_version, last step)."""
+        directory = _checkpoint_dir(path)
+        return await _shielded(self._load_checkpoint(directory, deadline))
+
+    async def _load_checkpoint(self, directory: Path, deadline: Deadline) -> tuple[int, int]:
+        path = str(directory)
+        async with self._lock:
+            deadline.check("LoadCheckpoint")
+            try:
+                states = await self._call(
+                    self.workers.run_all("load_checkpoint", str(directory)),
+                    NO_DEADLINE,
+                    "LoadCheckpoint",
+                )
+            except FileNotFoundError as error:  # nothing was loaded: the state is intact
+                raise failed_precondition(
+                    f"location.path: no rollout checkpoint under {path!r} ({error})"
+                ) from None
+            except BaseException as error:
+                self._broken = f"LoadCheckpoint of {path!r} failed part-way ({error!r:.200})"
+                raise
+            self._restore(states[0])
+            self._broken = None
+            return self.weights_version, self.last_applied_step
+
+    async def info(self) -> dict[str, Any]:
+        """model, engine, weights_version, last_applied_step and workers (by rank)."""
+        if self._worker_info is None:
+            # Cached: workers never move, and asking them would queue behind a long update.
+            self._worker_info = await self.workers.run_all("describe")
+        return {
+            "model": self.settings.model,
+            "engine": self.settings.engine,
+            "weights_version": self.weights_version,
+            "last_applied_step": self.last_applied_step,
+            "workers": self._worker_info,
+        }
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise failed_precondition(
+                f"the service's weights may be inconsistent: {self._broken}; "
+                "call LoadCheckpoint to restore a known state"
+            )
+
+    def _check_expected_version(self, expected: int | None) -> None:
+        if expected is not None:
+            self._check_version("expected_weights_version", expected)
+
+    def _check_version(self, field: str, version: int) -> None:
+        current = self.weights_version
+        if version < current:
+            raise failed_precondition(
+                f"{field}: {version} is stale; the service has moved on to weights version "
+                f"{current}"
+            )
+        if version > current:
+            raise failed_precondition(
+                f"{field}: {version} is unknown; the service's weights version is {current}"
+            )
+
+    def _plan_update(self, batch: Batch, step: int) -> list[Batch]:
+        """Each rank's rows in training order: its share of every mini-batch, epoch by epoch."""
+        settings, workers = self.settings, len(self.workers)
+        rows, mini = len(batch), settings.ppo_mini_batch_samples
+        if rows % workers:
+            raise invalid_argument(
+                "batch", f"{rows} rows must be a multiple of the {workers} workers"
+            )
+        if rows % mini:
+            raise invalid_argument(
+                "batch",
+                f"{rows} rows must be a multiple of ppo_mini_batch_samples {mini} "
+                f"(split over {workers} workers)",
+            )
+        keys = list(UPDATE_KEYS) + (["ref_log_probs"] if settings.use_kl_loss else [])
+        work = batch.select(tensor_keys=keys, non_tensor_keys=[], meta_keys=[])
+        plan = update_row_plan(rows, mini, workers, settings.ppo_epochs, settings.seed + step)
+        return [work.index(rank_rows) for rank_rows in plan]
+
+    async def _call(self, work: Awaitable[T], deadline: Deadline, stage: str) -> T:
+        timeout_s = min(self.settings.worker_call_timeout_s, deadline.remaining_s())
+        try:
+            return await asyncio.wait_for(work, timeout=timeout_s)
+        except TimeoutError:
+            raise RpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{stage}: the workers did not answer within {timeout_s:.1f} s",
+            ) from None
+
+    def _remember(self, record: UpdateRecord) -> None:
+        self._updates[record.step] = record
+        while len(self._updates) > self.settings.kept_update_results:
+            self._updates.popitem(last=False)
+
+    def _client_state(self) -> dict[str, Any]:
+        return {
+            "weights_version": self.weights_version,
+            "last_applied_step": self.last_applied_step,
+            "updates": [
+                [r.step, r.weights_version, dict(r.metrics), r.fingerprint]
+                for r in self._updates.values()
+            ],
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.weights_version = int(state["weights_version"])
+        self.last_applied_step = int(state["last_applied_step"])
+        self._updates = OrderedDict(
+            (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fingerprint)))
+            for step, version, metrics, fingerprint in state["updates"]
+        )
+
+
+def update_row_plan(
+    rows: int, mini_batch_samples: int, workers: int, epochs: int, seed: int
+) -> list[torch.Tensor]:
+    """Row indices per rank, in training order: its share of each mini-batch, by epoch.
+
+    Mini-batch j of epoch e is the same set of rows whatever `workers` is; rank r trains
+    on its slice r of it, so ranks together cover exactly that mini-batch.
+    """
+    share = mini_batch_samples // workers
+    order: list[list[torch.Tensor]] = [[] for _ in range(workers)]
+    for _, indices in minibatch_indices(rows, mini_batch_samples, epochs, seed):
+        for rank in range(workers):
+            order[rank].append(indices[rank * share : (rank + 1) * share])
+    return [torch.cat(parts) for parts in order]
+
+
+async def _shielded(work: Awaitable[T]) -> T:
+    """Runs `work` as a task that a cancelled caller does not cancel."""
+    return await asyncio.shield(asyncio.ensure_future(work))
+
+
+def batch_fingerprint(batch: Batch) -> str:
+    """sha256 of a batch's tensors (name, dtype, shape, bytes) and non-tensors; meta ignored."""
+    digest = hashlib.sha256()
+    for key in sorted(batch.tensors):
+        tensor = batch.tensors[key].detach().to("cpu").contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    for key in sorted(batch.non_tensors):
+        digest.update(f"{key}|{batch.non_tensors[key]!r}|".encode())
+    return digest.hexdigest()
+
+
+def _merge_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """Means over ranks (each ran the same number of micro-batches); tokens are summed."""
+    merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+    merged["tokens"] = float(sum(r["tokens"] for r in results))
+    return merged
+
+
+def _temperature(batch: Batch, default: float) -> float:
+    value = batch.meta.get(TEMPERATURE_META_KEY, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise invalid_argument(
+            f"batch.meta[{TEMPERATURE_META_KEY!r}]",
+            f"must be a finite number >= 0 (the sampling temperature), got {value!r}",
+        )
+    return float(value) if value > 0 else 1.0
+
+
+def _checkpoint_dir(path: str) -> Path:
+    if not path:
+        raise invalid_argument("location.path", "is empty; give an absolute directory")
+    directory = Path(path)
+    if not directory.is_absolute():
+        raise invalid_argument(
+            "location.path",
+            f"{path!r} is relative; give an absolute path (workers run in other directories)",
+        )
+    return directory
+
+
+def controller_settings(
+    config: RolloutServiceConfig, vocab_size: int, max_positions: int
+) -> ControllerSettings:
+    """The controller's plain settings from the service config and the model's limits."""
+    return ControllerSettings(
+        model=config.model_path,
+        engine=config.engine,
+        vocab_size=vocab_size,
+        max_positions=max_positions,
+        max_batch_samples=config.max_batch_samples,
+        max_new_tokens_limit=config.max_new_tokens_limit,
+        ppo_epochs=config.ppo_epochs,
+        ppo_mini_batch_samples=config.ppo_mini_batch_samples,
+        use_kl_loss=config.use_kl_loss,
+        temperature=config.temperature,
+        seed=config.seed,
+        kept_update_results=config.kept_update_results,
+        worker_call_timeout_s=config.worker_call_timeout_s,
+    )

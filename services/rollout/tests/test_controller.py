@@ -1,0 +1,267 @@
+"""ActorWorker + RolloutController in-process (DeepSpeed world size 1, no Ray, no gRPC)."""
+
+import asyncio
+import math
+from dataclasses import replace
+
+import grpc
+import pytest
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.cluster import free_port
+from rlserve.core.serving import RpcError
+from rlserve.core.workers import init_process_group
+from rlserve.rollout.config import RolloutServiceConfig
+from rlserve.rollout.engine import (
+    LocalWorkers,
+    RolloutController,
+    controller_settings,
+    update_row_plan,
+)
+from rlserve.rollout.generation import SamplingSettings
+from rlserve.rollout.worker import ActorWorker, actor_worker_kwargs
+
+SAMPLING = SamplingSettings(
+    temperature=1.0,
+    top_p=1.0,
+    top_k=-1,
+    max_new_tokens=5,
+    responses_per_prompt=2,
+    seed=11,
+    ignore_eos=False,
+    return_log_probs=True,
+)
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+def prompts_batch() -> Batch:
+    """Four left-padded prompts (P = 6) with a non-tensor column."""
+    rows = [[1, 21, 15, 22, 33], [1, 23, 23, 15, 24, 24], [1, 40], [1, 50, 51]]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    return Batch({"input_ids": ids, "attention_mask": mask}, {"ground_truth": ["a", "b", "c", "d"]})
+
+
+class Service:
+    """A controller over one in-process worker, driven on one event loop."""
+
+    def __init__(self, model_dir, **overrides):
+        config = RolloutServiceConfig(
+            model_path=str(model_dir),
+            ppo_mini_batch_samples=4,
+            micro_batch_samples=2,
+            lr=1e-2,
+            **overrides,
+        )
+        self.worker = ActorWorker(rank=0, world_size=1, **actor_worker_kwargs(config))
+        self.worker.init_distributed("127.0.0.1", free_port())
+        settings = controller_settings(config, **self.worker.model_limits())
+        self.controller = RolloutController(LocalWorkers([self.worker]), settings)
+        self.loop = asyncio.new_event_loop()
+
+    def __getattr__(self, name):
+        method = getattr(self.controller, name)
+        return lambda *args, **kwargs: self.loop.run_until_complete(method(*args, **kwargs))
+
+    def update_batch(self, advantage: float = 1.0) -> Batch:
+        """A generated batch scored under the current weights, with constant advantages."""
+        batch, _ = self.generate(prompts_batch(), SAMPLING)
+        log_probs, _ = self.compute_log_prob(batch)
+        mask = batch["response_mask"].float()
+        tensors = {key: batch[key] for key in SEQUENCE_KEYS}
+        tensors["old_log_probs"] = log_probs["log_probs"]
+        tensors["advantages"] = advantage * mask
+        return Batch(tensors, meta=batch.meta)
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    init_process_group(0, 1, "127.0.0.1", free_port())
+
+
+@pytest.fixture(scope="module")
+def service(process_group, tiny_model_dir):
+    return Service(tiny_model_dir, kept_update_results=2)
+
+
+def rpc_error(call) -> RpcError:
+    with pytest.raises(RpcError) as error:
+        call()
+    return error.value
+
+
+def test_generate_builds_the_batch_layout(service):
+    prompts = prompts_batch()
+    batch, metrics = service.generate(prompts, SAMPLING)
+    n, width = len(prompts) * 2, SAMPLING.max_new_tokens
+    assert batch["prompts"].shape == (n, 6)
+    assert batch["responses"].shape == batch["response_mask"].shape == (n, width)
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (n, 6 + width)
+    assert torch.equal(batch["prompts"], prompts["input_ids"].repeat_interleave(2, 0))
+    assert torch.equal(batch["input_ids"], torch.cat([batch["prompts"], batch["responses"]], 1))
+    assert torch.equal(batch["attention_mask"][:, 6:], batch["response_mask"])
+    assert torch.equal(
+        batch["attention_mask"][:, :6], prompts["attention_mask"].repeat_interleave(2, 0)
+    )
+    # right padding: a response is a prefix of ones, padded with the pad id (0)
+    lengths = batch["response_mask"].sum(1)
+    assert bool((lengths >= 1).all())
+    assert torch.equal(batch["response_mask"], (torch.arange(width) < lengths[:, None]).long())
+    assert bool((batch["responses"][batch["response_mask"] == 0] == 0).all())
+    assert bool((batch["rollout_log_probs"][batch["response_mask"] == 0] == 0).all())
+    assert batch["uid"] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch["ground_truth"] == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert len(batch["response_text"]) == n
+    assert batch.meta["weights_version"] == service.controller.weights_version
+    assert metrics["generated_tokens"] == float(lengths.sum())
+    again, _ = service.generate(prompts, SAMPLING)  # seeded: reproducible
+    assert torch.equal(again["responses"], batch["responses"])
+
+
+def test_rollout_log_probs_equal_compute_log_prob(service):
+    batch, _ = service.generate(prompts_batch(), SAMPLING)
+    scored, metrics = service.compute_log_prob(batch, return_entropy=True)
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(scored["log_probs"], batch["rollout_log_probs"], atol=1e-4, rtol=0)
+    assert bool((scored["log_probs"][~mask] == 0).all())
+    entropy = scored["entropy"]
+    vocab = service.controller.settings.vocab_size
+    assert bool((entropy[mask] > 0).all()) and bool((entropy[mask] <= math.log(vocab)).all())
+    assert bool((entropy[~mask] == 0).all())
+    assert metrics["tokens"] == float(mask.sum())
+    # temperature travels in meta: scoring at T = 0.5 matches sampling at T = 0.5
+    hot = replace(SAMPLING, temperature=0.5)
+    batch, _ = service.generate(prompts_batch(), hot)
+    assert batch.meta["temperature"] == 0.5
+    scored, _ = service.compute_log_prob(batch)
+    torch.testing.assert_close(scored["log_probs"], batch["rollout_log_probs"], atol=1e-4, rtol=0)
+    # without the stamp, the configured default (1.0) applies: clearly other numbers
+    unstamped, _ = service.compute_log_prob(Batch(batch.tensors))
+    assert (unstamped["log_probs"] - scored["log_probs"]).abs().max() > 1e-2
+
+
+def test_update_trains_syncs_generation_and_bumps_version(service):
+    batch = service.update_batch(advantage=1.0)
+    version, before = service.controller.weights_version, service.worker.state_dict()
+    result = service.update_actor(service.controller.last_applied_step + 1, version, batch)
+    assert not result.replayed and result.weights_version == version + 1
+    after = service.worker.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    for key in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm", "lr", "update_s"):
+        assert math.isfinite(result.metrics[key]), key
+    assert result.metrics["grad_norm"] > 0 and result.metrics["lr"] == 1e-2
+    assert result.metrics["tokens"] == float(batch["response_mask"].sum())
+    # Positive advantages on every sampled token make those tokens more likely.
+    rescored, _ = service.compute_log_prob(batch)
+    mask = batch["response_mask"].bool()
+    assert rescored["log_probs"][mask].mean() > batch["old_log_probs"][mask].mean()
+    assert rescored.meta["weights_version"] == version + 1
+    # The generation engine runs the new weights: its log-probs match the trainer's.
+    fresh, _ = service.generate(prompts_batch(), SAMPLING)
+    assert fresh.meta["weights_version"] == version + 1
+    scored, _ = service.compute_log_prob(fresh)
+    torch.testing.assert_close(scored["log_probs"], fresh["rollout_log_probs"], atol=1e-4, rtol=0)
+
+
+def test_replayed_step_returns_stored_result_and_does_not_train(service):
+    batch = service.update_batch()
+    step, version = service.controller.last_applied_step + 1, service.controller.weights_version
+    first = service.update_actor(step, version, batch)
+    weights = service.worker.state_dict()
+    # a retry carries the original (now stale) version: still answered by the replay
+    again = service.update_actor(step, version, batch)
+    assert again.replayed and again.metrics == first.metrics
+    assert again.weights_version == first.weights_version == service.controller.weights_version
+    assert all(torch.equal(w, service.worker.state_dict()[k]) for k, w in weights.items())
+    # replayed by step alone (the contract): another batch under that step trains nothing
+    different = service.update_batch(advantage=-1.0)
+    assert service.update_actor(step, version, different) == again
+    assert all(torch.equal(w, service.worker.state_dict()[k]) for k, w in weights.items())
+
+
+def test_old_steps_whose_result_is_gone_are_rejected(service):
+    start = service.controller.last_applied_step + 1
+    for step in (start, start + 2, start + 4):  # keeps 2 results: start is dropped
+        batch = service.update_batch()
+        service.update_actor(step, service.controller.weights_version, batch)
+    version = service.controller.weights_version
+    for step in (start, start + 1, start + 3):
+        error = rpc_error(lambda s=step: service.update_actor(s, version, batch))
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert error.message.startswith("step: ")
+    assert service.update_actor(start + 4, version, batch).replayed
+
+
+def test_versions_must_match(service):
+    version = service.controller.weights_version
+    batch = service.update_batch()
+    step = service.controller.last_applied_step + 1
+    for wrong, word in ((version - 1, "stale"), (version + 1, "unknown")):
+        error = rpc_error(lambda w=wrong: service.update_actor(step, w, batch))
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert error.message.startswith("weights_version: ") and word in error.message
+        error = rpc_error(lambda w=wrong: service.generate(prompts_batch(), SAMPLING, w))
+        assert error.message.startswith("expected_weights_version: ") and word in error.message
+        error = rpc_error(lambda w=wrong: service.compute_log_prob(batch, False, w))
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert service.generate(prompts_batch(), SAMPLING, version)[0].meta["weights_version"] == (
+        version
+    )
+    assert service.controller.weights_version == version  # nothing was applied
+
+
+def test_update_rows_must_tile_mini_batches(service):
+    batch = service.update_batch().index(list(range(6)))  # mini-batch is 4 samples
+    error = rpc_error(
+        lambda: service.update_actor(
+            service.controller.last_applied_step + 1, service.controller.weights_version, batch
+        )
+    )
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.message.startswith("batch: 6 rows must be a multiple of ppo_mini_batch_samples")
+
+
+def test_checkpoint_restores_weights_version_and_replays(service, tmp_path):
+    saved_version, saved_step = service.save_checkpoint(str(tmp_path))
+    assert (tmp_path / "model" / "model.safetensors").exists()
+    assert (tmp_path / "model" / "tokenizer.json").exists()
+    saved_weights = service.worker.state_dict()
+    probe = service.update_batch()
+    probe_scores, _ = service.compute_log_prob(probe)
+    service.update_actor(saved_step + 1, saved_version, probe)
+    assert service.controller.weights_version == saved_version + 1
+    assert service.load_checkpoint(str(tmp_path)) == (saved_version, saved_step)
+    restored = service.worker.state_dict()
+    assert all(torch.equal(saved_weights[k], restored[k]) for k in saved_weights)
+    scores, _ = service.compute_log_prob(probe)
+    assert torch.equal(scores["log_probs"], probe_scores["log_probs"])
+    fresh, _ = service.generate(prompts_batch(), SAMPLING)  # generation engine restored too
+    rescored, _ = service.compute_log_prob(fresh)
+    torch.testing.assert_close(rescored["log_probs"], fresh["rollout_log_probs"], atol=1e-4, rtol=0)
+    # the step after the checkpoint can be applied again; the saved step replays
+    assert not service.update_actor(saved_step + 1, saved_version, probe).replayed
+    error = rpc_error(lambda: service.load_checkpoint(str(tmp_path / "missing")))
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.message.startswith("location.path: no rollout checkpoint")
+    error = rpc_error(lambda: service.save_checkpoint("relative/dir"))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.message.startswith("location.path:")
+
+
+def test_update_plan_is_the_same_whatever_the_worker_count():
+    one = update_row_plan(rows=12, mini_batch_samples=4, workers=1, epochs=2, seed=5)[0]
+    two = update_row_plan(rows=12, mini_batch_samples=4, workers=2, epochs=2, seed=5)
+    assert len(one) == 24 and all(len(rank) == 12 for rank in two)
+    for mini in range(6):  # mini-batch j = rank 0's share then rank 1's share
+        expected = one[mini * 4 : (mini + 1) * 4].tolist()
+        assert (
+            two[0][mini * 2 : (mini + 1) * 2].tolist() + two[1][mini * 2 : (mini + 1) * 2].tolist()
+            == expected
+        )
+    for epoch in range(2):
+        assert sorted(one[epoch * 12 : (epoch + 1) * 12].tolist()) == list(range(12))

@@ -1,0 +1,116 @@
+"""The 'hf' generation engine on the tiny Llama, in-process (no Ray, no DeepSpeed)."""
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlserve.core.modeling import load_causal_lm, log_probs_from_logits, response_logits
+from rlserve.rollout.generation import SamplingSettings
+from rlserve.rollout.hf_engine import HFGenerationEngine
+
+PROMPTS = [[1, 21, 15, 22, 33], [1, 23, 23, 15, 24, 24, 33], [1, 40]]
+GREEDY = SamplingSettings(
+    temperature=0.0,
+    top_p=1.0,
+    top_k=-1,
+    max_new_tokens=6,
+    responses_per_prompt=1,
+    seed=None,
+    ignore_eos=False,
+    return_log_probs=True,
+)
+SAMPLED = replace(GREEDY, temperature=1.0, responses_per_prompt=3, seed=7)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return HFGenerationEngine(str(tiny_model_dir))
+
+
+def test_responses_per_prompt_are_adjacent_and_bounded(engine):
+    out = engine.generate(PROMPTS, SAMPLED)
+    assert len(out.response_ids) == len(PROMPTS) * 3
+    assert all(1 <= len(ids) <= SAMPLED.max_new_tokens for ids in out.response_ids)
+    assert [len(lp) for lp in out.log_probs] == [len(ids) for ids in out.response_ids]
+    assert all(value <= 0 for row in out.log_probs for value in row)
+    # n > 1 works greedily too, and then the n responses of a prompt are identical
+    greedy = engine.generate(PROMPTS, replace(GREEDY, responses_per_prompt=2))
+    assert greedy.response_ids[0::2] == greedy.response_ids[1::2]
+    assert greedy.response_ids[0::2] == engine.generate(PROMPTS, GREEDY).response_ids
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(engine):
+    first = engine.generate(PROMPTS, SAMPLED)
+    torch.manual_seed(123)  # the global RNG state must not matter for a seeded call
+    assert engine.generate(PROMPTS, SAMPLED).response_ids == first.response_ids
+    other = engine.generate(PROMPTS, replace(SAMPLED, seed=8))
+    assert other.response_ids != first.response_ids
+
+
+def test_top_k_one_is_greedy(engine):
+    greedy = engine.generate(PROMPTS, GREEDY)
+    top1 = engine.generate(PROMPTS, replace(GREEDY, temperature=1.3, top_k=1, seed=3))
+    assert top1.response_ids == greedy.response_ids
+
+
+def test_log_probs_equal_a_full_forward_pass(engine, tiny_model_dir):
+    """Per-token log-probs of the sampled tokens under softmax(logits / T), T = 0.7 here."""
+    sampling = replace(SAMPLED, temperature=0.7)
+    out = engine.generate(PROMPTS, sampling)
+    model = load_causal_lm(tiny_model_dir)
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    for prompt, response, log_probs in zip(prompts, out.response_ids, out.log_probs, strict=True):
+        ids = torch.tensor([prompt + response])
+        logits = response_logits(model, ids, torch.ones_like(ids), len(response), 0.7)
+        expected = log_probs_from_logits(logits, torch.tensor([response]))[0]
+        torch.testing.assert_close(torch.tensor(log_probs), expected, atol=1e-4, rtol=0)
+
+
+def test_stops_at_eos_and_ignore_eos_keeps_going(engine, tiny_model_dir, tmp_path):
+    """A model whose EOS is a token greedy decoding emits: rows end right after it."""
+    greedy = engine.generate(PROMPTS, GREEDY).response_ids
+    eos = greedy[0][2]  # prompt 0's third new token becomes the EOS
+    model_dir = tmp_path / "eos_model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config_path = model_dir / "generation_config.json"
+    generation_config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**generation_config, "eos_token_id": eos}))
+    stopping = HFGenerationEngine(str(model_dir))
+
+    out = stopping.generate(PROMPTS, GREEDY).response_ids
+    for full, cut in zip(greedy, out, strict=True):
+        expected = full[: full.index(eos) + 1] if eos in full else full
+        assert cut == expected
+    assert out[0] == greedy[0][:3]
+    assert stopping.generate(PROMPTS, replace(GREEDY, ignore_eos=True)).response_ids == greedy
+
+
+def test_load_weights_changes_generation_and_rejects_foreign_names(engine, tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir)
+    before = engine.generate(PROMPTS, GREEDY)
+    torch.manual_seed(0)
+    perturbed = {k: v + 0.5 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    local = HFGenerationEngine(str(tiny_model_dir))
+    local.load_weights(perturbed)
+    after = local.generate(PROMPTS, GREEDY)
+    assert after.log_probs != before.log_probs
+    local.load_weights(model.state_dict())  # and back
+    assert local.generate(PROMPTS, GREEDY) == before
+    with pytest.raises(ValueError, match="not in the generation model"):
+        local.load_weights({**model.state_dict(), "extra.weight": torch.zeros(1)})
+    partial = dict(model.state_dict())
+    partial.pop("lm_head.weight")
+    with pytest.raises(ValueError, match="weights missing"):
+        local.load_weights(partial)
+
+
+def test_top_k_off_samples_outside_the_top_fifty(engine):
+    """top_k -1 really is off (transformers' own default would keep only 50 tokens)."""
+    sampling = replace(SAMPLED, temperature=5.0, responses_per_prompt=64, max_new_tokens=4)
+    sampled = engine.generate(PROMPTS[:1], sampling).response_ids
+    model_logits = engine.model(input_ids=torch.tensor([PROMPTS[0]])).logits[0, -1]
+    top50 = set(model_logits.topk(50).indices.tolist())
+    assert any(ids[0] not in top50 for ids in sampled)
