@@ -81,3 +81,8 @@ def test_worker_exceptions_arrive_unwrapped(group):
     with pytest.raises(RpcError, match=r"^x: bad$") as error:
         asyncio.run(group.run_all("fail"))
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_unschedulable_workers_fail_fast_naming_the_shortfall(serve_cluster):
+    with pytest.raises(RuntimeError, match=r"needing 1000 CPU each were not scheduled within 2 s"):
+        WorkerGroup(RankWorker, 1, {"offset": 0}, num_cpus_per_worker=1000, schedule_timeout_s=2)

@@ -49,6 +49,7 @@ def start_local_ray(
     temp_dir: Path | None = None,
     resources: dict[str, float] | None = None,
     object_store_bytes: int | None = None,
+    log_to_driver: bool = True,
 ) -> None:
     """A private single-node Ray (never touches another Ray running on the machine)."""
     apply_ray_env_defaults()
@@ -59,7 +60,7 @@ def start_local_ray(
         object_store_memory=object_store_bytes,
         include_dashboard=False,
         _temp_dir=str(temp_dir) if temp_dir else None,
-        log_to_driver=True,
+        log_to_driver=log_to_driver,
         runtime_env={"env_vars": dict(_RAY_ENV_DEFAULTS)},
     )
 

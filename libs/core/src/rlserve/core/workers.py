@@ -56,7 +56,11 @@ async def _gather(refs: list[Any]) -> list[Any]:
 
 
 class WorkerGroup:
-    """`num_workers` actors of `worker_cls`, ranks 0..N-1, in one process group."""
+    """`num_workers` actors of `worker_cls`, ranks 0..N-1, in one process group.
+
+    Creation fails within schedule_timeout_s, naming the shortfall, when the cluster
+    cannot place the workers (Ray would otherwise leave them pending forever).
+    """
 
     def __init__(
         self,
@@ -66,6 +70,7 @@ class WorkerGroup:
         num_cpus_per_worker: float = 1.0,
         placement_group_name: str | None = None,
         name_prefix: str | None = None,
+        schedule_timeout_s: float = 120.0,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers: must be >= 1, got {num_workers}")
@@ -85,7 +90,19 @@ class WorkerGroup:
                     rank=rank, world_size=num_workers, **worker_kwargs
                 )
             )
-        address, port = ray.get(self.workers[0].node_address.remote())
+        try:
+            address, port = ray.get(
+                self.workers[0].node_address.remote(), timeout=schedule_timeout_s
+            )
+        except ray.exceptions.GetTimeoutError:
+            self.shutdown()
+            raise RuntimeError(
+                f"{num_workers} {worker_cls.__name__} workers needing {num_cpus_per_worker} "
+                f"CPU each were not scheduled within {schedule_timeout_s:.0f} s; the cluster "
+                f"has {ray.available_resources().get('CPU', 0):g} CPUs free of "
+                f"{ray.cluster_resources().get('CPU', 0):g}: lower num_cpus_per_worker or "
+                "workers, or add nodes"
+            ) from None
         ray.get([worker.init_distributed.remote(address, port) for worker in self.workers])
 
     def __len__(self) -> int:

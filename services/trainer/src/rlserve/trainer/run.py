@@ -7,6 +7,7 @@ a typo fails in a second, not after a deployment.
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from rlserve.trainer.metrics import MetricsLog, plot_curves, read_metrics, trunc
 from rlserve.v1 import trainer_pb2
 
 console = Console(stderr=True)
+LOCAL_CLUSTER_MIN_CPUS = 16
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,14 @@ def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
 
     if config.trainer.ray_address is None:
         temp_dir = Path("/tmp") / f"rlserve-{run_dir.name}"
-        start_local_ray(temp_dir=temp_dir)
+        # Logical CPUs: four services with their workers need more scheduling slots than a
+        # small machine has cores, and the embedded model is far too small to need them.
+        start_local_ray(
+            num_cpus=max(LOCAL_CLUSTER_MIN_CPUS, os.cpu_count() or 1),
+            temp_dir=temp_dir,
+            log_to_driver=False,
+        )
+        console.print(f"local Ray cluster started; logs under {temp_dir}/session_latest/logs")
         port = config.trainer.serve_grpc_port or free_port()
         start_serve(port)
         return f"127.0.0.1:{port}", True
