@@ -1,5 +1,6 @@
 # The two commands README documents: `make demo` (main job on the embedded default)
-# and `make test` (everything CI checks). Both set the environment up first.
+# and `make test` (everything CI checks). Both set the environment up first; `make test`
+# also installs Phoenix (.phoenix-venv), the OTLP backend of the tracing tests.
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -14,7 +15,7 @@ $(STAMP): tools/setup.sh tools/constraints.txt $(PYPROJECTS)
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m rlserve.core.embedded.demo
+	$(BIN)/rlserve train
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -22,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/buf lint
 
 test: lint
+	bash tools/setup_phoenix.sh
 	$(BIN)/python -m pytest
 
 # Regenerates the committed Python stubs from proto/ (a test checks they are fresh).

@@ -371,26 +371,42 @@ class RewardConfig(ConfigModel):
 
 
 class TracingConfig(ConfigModel):
-    """OpenTelemetry tracing: one trace per PPO step, spans across every service."""
+    """OpenTelemetry tracing: one trace per PPO step, spans across every service.
+
+    The trainer hands its section to every service it deploys; a service deployed on
+    its own embeds the same model as its `tracing` field."""
 
     enabled: bool = False
     """Export spans."""
-    otlp_endpoint: str = "http://localhost:4317"
-    """OTLP/gRPC collector, e.g. Jaeger's."""
+    otlp_endpoint: str | None = "http://localhost:4317"
+    """OTLP/gRPC collector, e.g. Jaeger's (http:// plaintext, https:// TLS); None = no
+    OTLP export (file_path only)."""
     sampling_ratio: float = Field(1.0, ge=0, le=1)
-    """Fraction of PPO steps traced."""
+    """Fraction of PPO steps traced (the trainer decides per step and the services follow;
+    a service applies it to calls that arrive without a trace)."""
+    file_path: str | None = None
+    """Also append spans as OTLP/JSON lines to this file, for `rlserve trace report`
+    (each process appends to it on its own node)."""
+
+    @model_validator(mode="after")
+    def _has_a_destination(self) -> TracingConfig:
+        if self.enabled and self.otlp_endpoint is None and self.file_path is None:
+            raise ConfigError(
+                "otlp_endpoint", "tracing is enabled but neither it nor file_path is set"
+            )
+        return self
 
 
 class TrainerConfig(ConfigModel):
     """The PPO loop that composes the services."""
 
-    total_steps: int = Field(200, ge=1)
+    total_steps: int = Field(60, ge=1)
     """PPO steps to run."""
     prompts_per_step: int = Field(256, ge=1)
     """Prompts per PPO step (samples per step = prompts × rollout.responses_per_prompt)."""
     seed: int = 0
     """Seed for model initialisation and sampling."""
-    checkpoint_every_steps: int = Field(50, ge=0)
+    checkpoint_every_steps: int = Field(20, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0 = only at the end."""
     run_dir: str = "runs/embedded_default"
     """Directory for the resolved config, metrics and checkpoints."""
