@@ -2,7 +2,8 @@
 
 The trainer never imports a service: it hands Serve each service's app builder by
 import path with plain args (the same form as a Serve config file), so a service can
-equally be deployed by `serve deploy`, by KubeRay, or by this code.
+equally be deployed by `serve deploy`, by KubeRay, or by this code. Every service gets
+the run's `trainer.tracing` as its `tracing` arg, so one setting traces the whole stack.
 """
 
 import time
@@ -68,7 +69,8 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "micro_batch_samples": critic.micro_batch_samples,
             "cliprange_value": critic.cliprange_value,
         }
-    return apps
+    tracing = config.trainer.tracing.model_dump()
+    return {role: {**args, "tracing": tracing} for role, args in apps.items()}
 
 
 def critic_model_path(config: RunConfig, model_dir: str) -> str:
@@ -97,12 +99,9 @@ def reward_args(config: RunConfig) -> dict[str, Any]:
 
 
 def deploy_services(apps: dict[str, dict[str, Any]], timeout_s: float) -> None:
-    """Deploys (or updates) the apps and waits until every one is RUNNING."""
-    from ray import serve
-    from ray.serve.context import _get_global_client
-
-    schema = ServeDeploySchema(
-        applications=[
+    """Deploys (or updates) one app per role, named and routed by the role."""
+    deploy_applications(
+        [
             {
                 "name": role,
                 "route_prefix": f"/{role}",
@@ -110,21 +109,31 @@ def deploy_services(apps: dict[str, dict[str, Any]], timeout_s: float) -> None:
                 "args": args,
             }
             for role, args in apps.items()
-        ]
+        ],
+        timeout_s,
     )
+
+
+def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> None:
+    """Deploys Serve config entries (name, route_prefix, import_path, args) and waits
+    until every one is RUNNING; a failed deployment raises with Serve's message."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
     # The declarative path (what `serve deploy` uses): Serve imports each builder itself.
-    _get_global_client().deploy_apps(schema)
+    _get_global_client().deploy_apps(ServeDeploySchema(applications=applications))
+    names = [app["name"] for app in applications]
     deadline = time.monotonic() + timeout_s
     while True:
         statuses = serve.status().applications
         pending = {}
-        for role in apps:
-            status = statuses.get(role)
+        for name in names:
+            status = statuses.get(name)
             state = status.status if status else "NOT_STARTED"
             if state in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise RuntimeError(f"service {role!r} failed to deploy: {status.message}")
+                raise RuntimeError(f"service {name!r} failed to deploy: {status.message}")
             if state != "RUNNING":
-                pending[role] = state
+                pending[name] = state
         if not pending:
             return
         if time.monotonic() > deadline:
