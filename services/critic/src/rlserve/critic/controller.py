@@ -35,8 +35,9 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.training import DS_CHECKPOINT_TAG, minibatch_indices
+from rlserve.core.validation import require_sequences
 from rlserve.critic.config import CriticServiceConfig
-from rlserve.critic.requests import sequence_batch, update_batch
+from rlserve.critic.requests import update_batch
 from rlserve.critic.worker import (
     DEEPSPEED_DIR,
     CriticWorker,
@@ -185,7 +186,7 @@ class CriticController:
         """values [N, R] (meta.weights_version = the version used) and timing metrics."""
         deadline.check("ComputeValues")
         vocab_size = (await self.worker_infos())[0]["vocab_size"]
-        clean = sequence_batch(batch, vocab_size, self.config.max_batch_samples)
+        clean = require_sequences(batch, vocab_size, self.config.max_batch_samples)
 
         async def work() -> tuple[Batch, dict[str, float]]:
             start = time.perf_counter()

@@ -24,8 +24,8 @@ import grpc
 
 from rlserve.core.batch import Batch
 from rlserve.core.serving import Deadline, RpcError, invalid_argument
+from rlserve.core.validation import require_sequences
 from rlserve.reference.config import ReferenceServiceConfig
-from rlserve.reference.requests import sequence_batch
 from rlserve.reference.worker import ReferenceWorker
 
 NO_DEADLINE = Deadline()
@@ -104,7 +104,7 @@ class ReferenceController:
         """ref_log_probs [N, R] and timing metrics."""
         deadline.check("ComputeRefLogProb")
         vocab_size = (await self.worker_infos())[0]["vocab_size"]
-        clean = sequence_batch(batch, vocab_size, self.config.max_batch_samples)
+        clean = require_sequences(batch, vocab_size, self.config.max_batch_samples)
         temperature = scoring_temperature(batch, self.config.temperature)
         remaining = deadline.remaining_s()
         start = time.perf_counter()
