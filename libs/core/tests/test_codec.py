@@ -159,3 +159,17 @@ def test_encode_rejects_imprecise_ints_and_bad_typed_meta():
         batch_to_proto(Batch(non_tensors={"uid": [2**60]}))
     with pytest.raises(CodecError, match=r"meta\['weights_version'\]: must be an int"):
         batch_to_proto(Batch(meta={"weights_version": 1.5}))
+
+
+def test_decoded_key_order_is_sorted_whatever_the_wire_order():
+    # Errors name the first key a batch holds, so replicas must agree on which that is.
+    for keys in (["zeta", "alpha", "mid"], ["mid", "zeta", "alpha"]):
+        batch = Batch(
+            tensors={key: torch.zeros(2) for key in keys},
+            non_tensors={f"{key}_text": ["a", "b"] for key in keys},
+        )
+        decoded = batch_from_proto(
+            common_pb2.Batch.FromString(batch_to_proto(batch).SerializeToString())
+        )
+        assert list(decoded.tensors) == sorted(keys)
+        assert list(decoded.non_tensors) == sorted(f"{key}_text" for key in keys)

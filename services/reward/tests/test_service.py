@@ -166,7 +166,7 @@ def _mismatched_rows():
         (
             _mismatched_rows,
             grpc.StatusCode.INVALID_ARGUMENT,
-            "non-tensor 'ground_truth' has batch size 2 but 'input_ids' has 3",
+            "non-tensor 'ground_truth' has batch size 2 but 'attention_mask' has 3",
         ),
         (lambda: batch_to_proto(Batch()), grpc.StatusCode.INVALID_ARGUMENT, "batch: empty batch"),
         (

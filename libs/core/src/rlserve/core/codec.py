@@ -144,16 +144,18 @@ def batch_to_proto(batch: Batch) -> common_pb2.Batch:
 
 def batch_from_proto(message: common_pb2.Batch) -> Batch:
     """Decodes a Batch; CodecError names the offending tensor, column or row."""
+    # Protobuf maps have no order; sorting keeps decoded batches, and the first key an
+    # error names, the same on every replica and every call.
     tensors = {
-        key: tensor_from_proto(tensor, name=f"tensors[{key!r}]")
-        for key, tensor in message.tensors.items()
+        key: tensor_from_proto(message.tensors[key], name=f"tensors[{key!r}]")
+        for key in sorted(message.tensors)
     }
     non_tensors = {
         key: [
             _value_from_proto(value, f"non_tensors[{key!r}][{row}]")
-            for row, value in enumerate(column.values)
+            for row, value in enumerate(message.non_tensors[key].values)
         ]
-        for key, column in message.non_tensors.items()
+        for key in sorted(message.non_tensors)
     }
     meta: dict[str, Any] = {key: getattr(message.meta, key) for key in _TYPED_META_KEYS}
     meta.update(
