@@ -1,7 +1,9 @@
-"""Fixtures for whole-stack tests: a warmed-up embedded model."""
+"""Fixtures for whole-stack tests: a warmed-up embedded model, and Phoenix (a real OTLP
+trace backend, integration_tests/phoenix.py) for the tracing tests."""
 
 import pytest
 
+from integration_tests.phoenix import phoenix_backend  # noqa: F401
 from rlserve.core.embedded.prepare import EmbeddedDefault, prepare_embedded_default
 from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
 

@@ -20,6 +20,7 @@ Phoenix facts this module relies on (arize-phoenix 20.26.1):
   interface: the port is random and short-lived, and the HTTP side stays on loopback.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -141,17 +142,23 @@ def _log_tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-@pytest.fixture(scope="session")
-def phoenix_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PhoenixBackend]:
-    """Phoenix on free loopback ports for the whole session; stopped at teardown."""
+class PhoenixMissing(RuntimeError):
+    """.phoenix-venv has no `phoenix` (tools/setup_phoenix.sh was not run)."""
+
+
+@contextlib.contextmanager
+def running_phoenix(working_dir: Path) -> Iterator[PhoenixBackend]:
+    """Phoenix on free loopback ports, storing into `working_dir`; stopped on exit.
+
+    Raises PhoenixMissing without the venv, RuntimeError (with the log's tail) when it
+    exits or is not ready within START_TIMEOUT_S.
+    """
     executable = PHOENIX_VENV / "bin" / "phoenix"
     if not executable.exists():
-        pytest.fail(
+        raise PhoenixMissing(
             f"{executable} is missing: run tools/setup_phoenix.sh to install the OTLP "
-            "backend the tracing tests use",
-            pytrace=False,
+            "backend the tracing tests use"
         )
-    working_dir = tmp_path_factory.mktemp("phoenix")
     http_port, grpc_port = _free_port(), _free_port()
     # Phoenix must not pick up the test process's own OpenTelemetry or Phoenix settings.
     env = {
@@ -181,26 +188,36 @@ def phoenix_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoeni
     try:
         while not _ready(http_url, grpc_port):
             if process.poll() is not None:
-                pytest.fail(
-                    f"phoenix serve exited with {process.returncode}:\n{_log_tail(log_path)}",
-                    pytrace=False,
+                raise RuntimeError(
+                    f"phoenix serve exited with {process.returncode}:\n{_log_tail(log_path)}"
                 )
             if time.monotonic() - started > START_TIMEOUT_S:
-                pytest.fail(
-                    f"phoenix not ready after {START_TIMEOUT_S} s:\n{_log_tail(log_path)}",
-                    pytrace=False,
+                raise RuntimeError(
+                    f"phoenix not ready after {START_TIMEOUT_S} s:\n{_log_tail(log_path)}"
                 )
             time.sleep(0.25)
-        backend = PhoenixBackend(
+        yield PhoenixBackend(
             http_url=http_url,
             otlp_endpoint=f"http://127.0.0.1:{grpc_port}",
             working_dir=working_dir,
             start_s=time.monotonic() - started,
         )
-        print(f"phoenix ready in {backend.start_s:.1f} s ({http_url}, OTLP {grpc_port})")
-        yield backend
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="session")
+def phoenix_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PhoenixBackend]:
+    """Phoenix for the whole session (a missing venv fails the test, never skips it)."""
+    try:
+        with running_phoenix(tmp_path_factory.mktemp("phoenix")) as backend:
+            print(
+                f"phoenix ready in {backend.start_s:.1f} s ({backend.http_url}, "
+                f"OTLP {backend.otlp_endpoint})"
+            )
+            yield backend
+    except (PhoenixMissing, RuntimeError) as error:
+        pytest.fail(str(error), pytrace=False)
 
 
 def _stop(process: subprocess.Popen) -> None:

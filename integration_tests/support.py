@@ -4,6 +4,8 @@ from pathlib import Path
 
 from rlserve.core.config import validate_config
 from rlserve.core.run_config import RunConfig
+from rlserve.trainer.deploy import deploy_services, service_args
+from rlserve.trainer.run import RunInputs
 
 
 def tiny_run_config(run_dir: Path, **sections) -> RunConfig:
@@ -23,3 +25,17 @@ def tiny_run_config(run_dir: Path, **sections) -> RunConfig:
     for section, fields in sections.items():
         data.setdefault(section, {}).update(fields)
     return validate_config(RunConfig, data)
+
+
+def run_inputs(embedded) -> RunInputs:
+    """The run inputs of the session's warmed-up embedded model (conftest `embedded`)."""
+    return RunInputs(str(embedded.model_dir), str(embedded.train_path), str(embedded.eval_path))
+
+
+def fresh_services(config: RunConfig, inputs: RunInputs) -> None:
+    """Redeploys from scratch so each test starts from the initial weights."""
+    from ray import serve
+
+    for role in ("rollout", "critic", "reference", "reward"):
+        serve.delete(role)
+    deploy_services(service_args(config, inputs.model_dir), timeout_s=300)

@@ -7,28 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from ray import serve
 
-from integration_tests.support import tiny_run_config
+from integration_tests.support import fresh_services, run_inputs, tiny_run_config
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_to_proto
 from rlserve.core.rpc import ServiceClient, open_channel
 from rlserve.trainer.checkpoint import checkpoint_dir, read_trainer_state
-from rlserve.trainer.deploy import deploy_services, service_args
+from rlserve.trainer.deploy import service_args
 from rlserve.trainer.metrics import read_metrics
-from rlserve.trainer.run import RunInputs, train_on_services
+from rlserve.trainer.run import train_on_services
 from rlserve.v1 import rollout_pb2, rollout_pb2_grpc
-
-
-def _inputs(embedded) -> RunInputs:
-    return RunInputs(str(embedded.model_dir), str(embedded.train_path), str(embedded.eval_path))
-
-
-def _fresh_services(config, inputs):
-    """Redeploys from scratch so each test starts from the initial weights."""
-    for role in ("rollout", "critic", "reference", "reward"):
-        serve.delete(role)
-    deploy_services(service_args(config, inputs.model_dir), timeout_s=300)
 
 
 def _run(config, inputs, run_dir, address, resume_from=None):
@@ -39,8 +27,8 @@ def _run(config, inputs, run_dir, address, resume_from=None):
 
 def test_ppo_with_critic(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 3})
-    inputs = _inputs(embedded)
-    _fresh_services(config, inputs)
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
     summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
     records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -70,9 +58,9 @@ def test_grpo_without_critic(serve_cluster, embedded, tmp_path):
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    inputs = _inputs(embedded)
+    inputs = run_inputs(embedded)
     assert "critic" not in service_args(config, inputs.model_dir)
-    _fresh_services(config, inputs)
+    fresh_services(config, inputs)
     summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
     records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
     assert [r["samples"] for r in records] == [32.0, 32.0]
@@ -81,8 +69,8 @@ def test_grpo_without_critic(serve_cluster, embedded, tmp_path):
 
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 4, "checkpoint_every_steps": 2})
-    inputs = _inputs(embedded)
-    _fresh_services(config, inputs)
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
     uninterrupted = tmp_path / "uninterrupted"
     uninterrupted.mkdir()
     _run(config, inputs, uninterrupted, serve_cluster.grpc_address)
@@ -121,8 +109,8 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, em
 
 def test_a_retried_update_is_not_applied_twice(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 1})
-    inputs = _inputs(embedded)
-    _fresh_services(config, inputs)
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
     _run(config, inputs, tmp_path, serve_cluster.grpc_address)
 
     async def replay():

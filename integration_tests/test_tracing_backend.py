@@ -17,7 +17,6 @@ import pytest
 import ray
 from ray import serve
 
-from integration_tests.phoenix import phoenix_backend  # noqa: F401
 from rlserve.core import tracing
 from rlserve.core.serving import rpc_method
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
@@ -28,7 +27,8 @@ SERVICES = ("trainer", "reference", "reward")
 
 @serve.deployment
 class TracedReference:
-    """A ReferenceService replica that only traces: server span + one work span."""
+    """A ReferenceService replica that only traces: one work span under the server span
+    that `rpc_method` opens."""
 
     def __init__(self, endpoint: str):
         tracing.setup_tracing(
@@ -41,15 +41,8 @@ class TracedReference:
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
     async def ComputeRefLogProb(self, request, grpc_context):
-        with (
-            tracing.rpc_server_span(
-                "ReferenceService",
-                "ComputeRefLogProb",
-                grpc_context.invocation_metadata(),
-                role="reference",
-            ),
-            tracing.span("reference.forward", batch_size=4, pid=os.getpid()),
-        ):
+        # rpc_method opened the server span, continuing the caller's trace.
+        with tracing.span("reference.forward", batch_size=4, pid=os.getpid()):
             pass
         # Export before answering so the test need not wait for the batch interval.
         tracing.flush_tracing()
@@ -72,7 +65,7 @@ def traced_reward(endpoint: str, metadata: list[tuple[str, str]]) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference_stub(serve_cluster, phoenix_backend):  # noqa: F811
+def reference_stub(serve_cluster, phoenix_backend):
     serve.run(TracedReference.bind(phoenix_backend.otlp_endpoint), name=APP, route_prefix=f"/{APP}")
     channel = serve_cluster.channel()
     yield reference_pb2_grpc.ReferenceServiceStub(channel)
@@ -80,7 +73,7 @@ def reference_stub(serve_cluster, phoenix_backend):  # noqa: F811
     channel.close()
 
 
-def test_one_step_is_one_trace_across_processes(phoenix_backend, reference_stub):  # noqa: F811
+def test_one_step_is_one_trace_across_processes(phoenix_backend, reference_stub):
     tracing.setup_tracing("trainer", phoenix_backend.otlp_endpoint, 1.0, True)
     try:
         with tracing.span("ppo.step", step=0) as root:
@@ -145,7 +138,7 @@ def test_one_step_is_one_trace_across_processes(phoenix_backend, reference_stub)
     )
 
 
-def test_unsampled_step_leaves_no_spans_downstream(phoenix_backend, reference_stub):  # noqa: F811
+def test_unsampled_step_leaves_no_spans_downstream(phoenix_backend, reference_stub):
     # Ratio 0 at the trainer: the services follow its decision although their own
     # ratio is 1.0, so no span of this step reaches the backend.
     tracing.setup_tracing("trainer", phoenix_backend.otlp_endpoint, 0.0, True)

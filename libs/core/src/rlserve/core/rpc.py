@@ -7,6 +7,11 @@ Retries cover transient failures only — UNAVAILABLE (no replica yet, proxy res
 and INTERNAL from a replica that died (Serve restarts it in ≈ 3 s) — and never an
 INVALID_ARGUMENT or FAILED_PRECONDITION, which would fail again. Updates are safe to
 retry because they carry their step number and services apply a step once.
+
+Tracing: every attempt is its own client span `rpc.client/<Service>/<Rpc>` (attributes
+role, attempt, gRPC status) whose W3C context travels in the call's metadata, so the
+service's server span becomes its child; a failed attempt's span is marked ERROR, and a
+retry shows as a second client span. With tracing off nothing is added to the call.
 """
 
 import asyncio
@@ -15,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry.trace import Status, StatusCode
 
+from rlserve.core import tracing
 from rlserve.core.serving import deadline_metadata
 
 logger = logging.getLogger(__name__)
@@ -53,6 +60,8 @@ class ServiceClient:
         policy: RetryPolicy = RetryPolicy(),
     ):
         self.stub = stub_cls(channel)
+        # Generated stubs are named <Service>Stub: the gRPC service, for span names.
+        self.service = stub_cls.__name__.removesuffix("Stub")
         self.application = application
         self.timeout_s = timeout_s
         self.policy = policy
@@ -63,25 +72,36 @@ class ServiceClient:
         method = getattr(self.stub, rpc)
         backoff_s = self.policy.initial_backoff_s
         for attempt in range(self.policy.retries + 1):
-            metadata = (("application", self.application), deadline_metadata(timeout_s))
-            try:
-                return await method(request, metadata=metadata, timeout=timeout_s)
-            except grpc.aio.AioRpcError as error:
-                last_try = attempt == self.policy.retries
-                if last_try or error.code() not in self.policy.retryable:
-                    raise
-                logger.warning(
-                    "%s.%s failed with %s (%s); retry %d/%d in %.1f s",
-                    self.application,
-                    rpc,
-                    error.code().name,
-                    error.details(),
-                    attempt + 1,
-                    self.policy.retries,
-                    backoff_s,
-                )
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, self.policy.max_backoff_s)
+            with tracing.rpc_client_span(
+                self.service, rpc, role=self.application, attempt=attempt
+            ) as span:
+                metadata = [("application", self.application), deadline_metadata(timeout_s)]
+                if tracing.tracing_enabled():
+                    metadata = tracing.inject_metadata(metadata)
+                    if span.is_recording():
+                        span.set_attribute("rlserve.request_bytes", request.ByteSize())
+                try:
+                    return await method(request, metadata=metadata, timeout=timeout_s)
+                except grpc.aio.AioRpcError as error:
+                    failure = error
+                    if span.is_recording():
+                        span.set_attribute("rpc.grpc.status_code", error.code().value[0])
+                        span.set_status(Status(StatusCode.ERROR, error.code().name))
+                    if attempt == self.policy.retries or error.code() not in self.policy.retryable:
+                        raise
+            # The backoff lies between two attempt spans, in the caller's span.
+            logger.warning(
+                "%s.%s failed with %s (%s); retry %d/%d in %.1f s",
+                self.application,
+                rpc,
+                failure.code().name,
+                failure.details(),
+                attempt + 1,
+                self.policy.retries,
+                backoff_s,
+            )
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, self.policy.max_backoff_s)
         raise AssertionError("unreachable")
 
 

@@ -15,6 +15,12 @@ caller's deadline.
   clients also send it as metadata (`DEADLINE_METADATA_KEY`, absolute Unix time in
   seconds); `Deadline.check(stage)` raises DEADLINE_EXCEEDED between units of work once
   it has passed.
+- Tracing: `rpc_method` opens the server span `rpc.server/<Service>/<Rpc>`, continuing
+  the caller's trace from the incoming metadata (Serve passes it through); the work
+  spans a service opens inside become its children. A failed call's span carries the
+  gRPC status and ERROR. Each replica calls `setup_replica_tracing(role, config.tracing)`
+  first thing, so its spans name the service (`rlserve-<role>`), replica and node. With
+  tracing off the wrapper costs one no-op context manager per call.
 """
 
 import functools
@@ -25,8 +31,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from opentelemetry.trace import Span, Status, StatusCode
 
+from rlserve.core import tracing
 from rlserve.core.codec import CodecError
+from rlserve.core.run_config import TracingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,22 +128,114 @@ def rpc_method(
     """Wraps `async def Rpc(self, request, grpc_context)` of a Serve gRPC deployment."""
 
     def decorate(method: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        rpc = method.__name__
+        service = _service_name(response_type, rpc)
+
         @functools.wraps(method)
         async def wrapper(self: Any, request: Any, grpc_context: Any) -> Response:
-            try:
-                return await method(self, request, grpc_context)
-            except RpcError as error:
-                code, message = error.code, error.message
-            except CodecError as error:
-                code, message = grpc.StatusCode.INVALID_ARGUMENT, str(error)
-            except Exception as error:
-                logger.exception("%s failed", method.__name__)
-                code = grpc.StatusCode.INTERNAL
-                message = f"{method.__name__} failed: {type(error).__name__}: {error}"
-            grpc_context.set_code(code)
-            grpc_context.set_details(_clip(message))
-            return response_type()
+            metadata = grpc_context.invocation_metadata()
+            with tracing.rpc_server_span(service, rpc, metadata) as span:
+                try:
+                    response = await method(self, request, grpc_context)
+                    if span.is_recording():
+                        _annotate(span, metadata, request, response)
+                    return response
+                except RpcError as error:
+                    code, message = error.code, error.message
+                except CodecError as error:
+                    code, message = grpc.StatusCode.INVALID_ARGUMENT, str(error)
+                except Exception as error:
+                    logger.exception("%s failed", rpc)
+                    code = grpc.StatusCode.INTERNAL
+                    message = f"{rpc} failed: {type(error).__name__}: {error}"
+                message = _clip(message)
+                if span.is_recording():
+                    _annotate(span, metadata, request, None)
+                    span.set_attribute("rpc.grpc.status_code", code.value[0])
+                    span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message[:500]}"))
+                grpc_context.set_code(code)
+                grpc_context.set_details(message)
+                return response_type()
 
         return wrapper
 
     return decorate
+
+
+def _service_name(response_type: Any, rpc: str) -> str:
+    """The gRPC service that answers `rpc` with `response_type` (from the proto
+    descriptors), e.g. "RolloutService"; the proto package when none matches."""
+    descriptor = getattr(response_type, "DESCRIPTOR", None)
+    if descriptor is None:
+        return "unknown"
+    for service in descriptor.file.services_by_name.values():
+        method = service.methods_by_name.get(rpc)
+        if method is not None and method.output_type is descriptor:
+            return service.name
+    return descriptor.file.package
+
+
+def _batch_rows(message: Any, field: str) -> int | None:
+    """Rows of the rlserve.v1.Batch in `message.<field>` (its first tensor's first dim)."""
+    if field not in message.DESCRIPTOR.fields_by_name or not message.HasField(field):
+        return None
+    for tensor in getattr(message, field).tensors.values():
+        return int(tensor.shape[0]) if tensor.shape else None
+    return None
+
+
+def _annotate(span: Span, metadata: Iterable[tuple[str, Any]], request: Any, response: Any) -> None:
+    """Attributes worth filtering on, read from any rlserve request/response: role
+    (the Serve application), step, batch size, tokens, weights version, message sizes."""
+    attributes: dict[str, Any] = {"rlserve.request_bytes": request.ByteSize()}
+    for key, value in metadata:
+        if key == "application":
+            attributes["rlserve.role"] = value
+    fields = request.DESCRIPTOR.fields_by_name
+    if "step" in fields:
+        attributes["rlserve.step"] = request.step
+    rows = _batch_rows(request, "batch") or _batch_rows(request, "prompts")
+    if rows is not None:
+        attributes["rlserve.batch_size"] = rows
+    if response is not None:
+        attributes["rlserve.response_bytes"] = response.ByteSize()
+        fields = response.DESCRIPTOR.fields_by_name
+        if "weights_version" in fields:
+            attributes["rlserve.weights_version"] = response.weights_version
+        elif "batch" in fields and response.batch.HasField("meta"):
+            attributes["rlserve.weights_version"] = response.batch.meta.weights_version
+        if "metrics" in fields:
+            for name in ("tokens", "generated_tokens"):
+                if name in response.metrics:
+                    attributes["rlserve.tokens"] = int(response.metrics[name])
+    span.set_attributes(attributes)
+
+
+def setup_replica_tracing(role: str, settings: TracingConfig) -> None:
+    """Tracing of a Serve replica of service `role` (call first in its __init__).
+
+    service.name is `rlserve-<role>`; the resource also names the replica and the Ray
+    node. Worker actors the replica then starts (rlserve.core.workers) inherit it.
+    """
+    if not settings.enabled:
+        tracing.setup_tracing(f"rlserve-{role}", None, settings.sampling_ratio, False)
+        return
+    import ray
+    from ray import serve
+
+    try:
+        replica = serve.get_replica_context().replica_tag
+    except Exception:  # constructed outside Serve (a test): no replica to name
+        replica = ""
+    tracing.setup_tracing(
+        f"rlserve-{role}",
+        settings.otlp_endpoint,
+        settings.sampling_ratio,
+        True,
+        settings.file_path,
+        resource_attributes={
+            "rlserve.role": role,
+            "rlserve.replica": replica,
+            "rlserve.node_id": ray.get_runtime_context().get_node_id(),
+        },
+    )

@@ -23,8 +23,13 @@ Design choices:
   step is traced whole or not at all.
 - **Exporters.** OTLP over gRPC (Jaeger's collector takes it on port 4317; so does
   Phoenix, the backend of the tests) behind a BatchSpanProcessor, so export happens on a
-  background thread, never on the request path. Optionally also a file of OTLP/JSON lines
-  (`OtlpJsonLinesExporter`) that `rlserve trace report` reads.
+  background thread, never on the request path, every EXPORT_DELAY_MS (1 s rather than
+  the SDK's 5 s: a service's last spans must leave before a run tears its cluster
+  down). Optionally also a file of OTLP/JSON lines (`OtlpJsonLinesExporter`) that
+  `rlserve trace report` reads.
+- **Ray workers inherit their controller's set-up.** `current_setup()` hands a process's
+  settings to the worker actors it starts (rlserve.core.workers), and `trace_carrier()`
+  the current context with each call, so a worker's spans join the caller's trace.
 - **Every span names its service** in the span attribute `rlserve.service` too, not
   only in the resource's `service.name`: some backends drop resource attributes
   (Phoenix, the test backend, keeps none and files a whole trace under the project of
@@ -79,6 +84,8 @@ TRACE_METADATA_KEYS = frozenset(_PROPAGATOR.fields)
 FLUSH_TIMEOUT_S = 10.0
 # Per export call to the OTLP collector, retries included.
 OTLP_EXPORT_TIMEOUT_S = 10.0
+# BatchSpanProcessor's export interval (the SDK's default is 5 s).
+EXPORT_DELAY_MS = 1000
 
 AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int]
 
@@ -168,10 +175,22 @@ class OtlpJsonLinesExporter(SpanExporter):
         return True
 
 
+@dataclass(frozen=True)
+class TracingSetup:
+    """The arguments of this process's `setup_tracing` (picklable, for worker actors)."""
+
+    service_name: str
+    endpoint: str | None
+    sampling_ratio: float
+    file_path: str | None
+    resource_attributes: dict[str, AttributeValue]
+
+
 @dataclass
 class _Tracing:
     provider: TracerProvider
     tracer: trace.Tracer
+    setup: TracingSetup
 
 
 _active: _Tracing | None = None
@@ -243,11 +262,24 @@ def setup_tracing(
         exporter = OTLPSpanExporter(
             endpoint=endpoint, insecure=insecure, timeout=OTLP_EXPORT_TIMEOUT_S
         )
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=EXPORT_DELAY_MS)
+        )
     if file_path is not None:
-        provider.add_span_processor(BatchSpanProcessor(OtlpJsonLinesExporter(file_path)))
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                OtlpJsonLinesExporter(file_path), schedule_delay_millis=EXPORT_DELAY_MS
+            )
+        )
+    setup = TracingSetup(
+        service_name,
+        endpoint,
+        sampling_ratio,
+        None if file_path is None else str(file_path),
+        dict(resource_attributes or {}),
+    )
     with _active_lock:
-        _active = _Tracing(provider, provider.get_tracer(TRACER_NAME))
+        _active = _Tracing(provider, provider.get_tracer(TRACER_NAME), setup)
     return provider
 
 
@@ -297,6 +329,17 @@ def tracing_enabled() -> bool:
     return _active is not None
 
 
+def recording() -> bool:
+    """Whether the current span records: tracing is on and this trace is sampled."""
+    return _active is not None and trace.get_current_span().is_recording()
+
+
+def current_setup() -> TracingSetup | None:
+    """This process's tracing settings, or None while tracing is off."""
+    active = _active
+    return None if active is None else active.setup
+
+
 def get_tracer() -> trace.Tracer:
     """rlserve's tracer: the configured one, or OpenTelemetry's no-op tracer when off."""
     active = _active
@@ -335,9 +378,16 @@ def inject_metadata(metadata: Iterable[tuple[str, str]]) -> list[tuple[str, str]
     Without a current (sampled or not) span nothing is added, so this is free when
     tracing is off.
     """
+    return [*metadata, *trace_carrier().items()]
+
+
+def trace_carrier() -> dict[str, str]:
+    """The current span's W3C trace context as a dict (`traceparent`, maybe
+    `tracestate`); empty without a current span. Hand it to another process (a Ray
+    worker) and continue there with `attached(extract_context(carrier.items()))`."""
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
-    return [*metadata, *carrier.items()]
+    return carrier
 
 
 def extract_context(metadata: Iterable[tuple[str, Any]]) -> Context:
@@ -386,6 +436,18 @@ def rpc_server_span(
         context=extract_context(invocation_metadata),
         **rlserve_attributes,
     )
+
+
+def annotate(**rlserve_attributes: AttributeValue | None) -> None:
+    """Sets `rlserve.<name>` attributes on the current span (None values skipped); free
+    when the current span is not recording (tracing off, or the step not sampled)."""
+    if _active is None:
+        return
+    current = trace.get_current_span()
+    if current.is_recording():
+        for key, value in rlserve_attributes.items():
+            if value is not None:
+                current.set_attribute(ATTRIBUTE_PREFIX + key, value)
 
 
 def current_trace_ids() -> tuple[str, str] | None:

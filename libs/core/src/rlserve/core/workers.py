@@ -7,6 +7,16 @@ DP_COMPUTE_PROTO), or calls every rank with the same arguments (checkpoint, load
 A worker class is any class whose constructor takes `rank`, `world_size` plus its own
 keyword arguments and that has `node_address()` and `init_distributed(address, port)`
 methods; `distributed_address` and `init_process_group` below implement those two.
+
+Tracing: a group created while its process traces (`tracing.current_setup()`, i.e. in a
+Serve replica that called `setup_replica_tracing`) sets up the same tracing in every
+worker, once, with sampling ratio 0 (a worker only continues traces, never starts one)
+and `rlserve.rank` in its resource. Each call made inside a sampled trace then carries
+the caller's trace context (`tracing.trace_carrier()`) and runs inside a span
+`worker.<method>` (attributes rank, batch size), the parent of the spans the worker's
+own code opens. Both go through Ray's `__ray_call__`, so worker classes need nothing
+for it; with tracing off, or in an unsampled step, a call is the plain
+`actor.method.remote(...)`.
 """
 
 import os
@@ -19,6 +29,7 @@ from ray.exceptions import RayTaskError
 from ray.util.placement_group import get_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlserve.core import tracing
 from rlserve.core.batch import Batch
 
 
@@ -42,6 +53,34 @@ def init_process_group(rank: int, world_size: int, address: str, port: int) -> N
         MASTER_PORT=str(port),
     )
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+
+
+def _setup_worker_tracing(worker: Any, setup: tracing.TracingSetup, rank: int) -> None:
+    """Runs in a worker actor (via __ray_call__): its controller's tracing set-up."""
+    tracing.setup_tracing(
+        setup.service_name,
+        setup.endpoint,
+        0.0,  # never a root: a worker's spans belong to the call that reached it
+        True,
+        setup.file_path,
+        resource_attributes={
+            **setup.resource_attributes,
+            "rlserve.rank": rank,
+            "rlserve.node_id": ray.get_runtime_context().get_node_id(),
+        },
+    )
+
+
+def _traced_call(
+    worker: Any, method: str, carrier: dict[str, str], args: tuple, kwargs: dict[str, Any]
+) -> Any:
+    """Runs in a worker actor (via __ray_call__): `method` inside the caller's trace."""
+    batch_size = len(args[0]) if args and isinstance(args[0], Batch) else None
+    with (
+        tracing.attached(tracing.extract_context(carrier.items())),
+        tracing.span(f"worker.{method}", rank=getattr(worker, "rank", None), batch_size=batch_size),
+    ):
+        return getattr(worker, method)(*args, **kwargs)
 
 
 async def _gather(refs: list[Any]) -> list[Any]:
@@ -104,13 +143,21 @@ class WorkerGroup:
                 "workers, or add nodes"
             ) from None
         ray.get([worker.init_distributed.remote(address, port) for worker in self.workers])
+        self._tracing = tracing.current_setup()
+        if self._tracing is not None:
+            ray.get(
+                [
+                    worker.__ray_call__.remote(_setup_worker_tracing, self._tracing, rank)
+                    for rank, worker in enumerate(self.workers)
+                ]
+            )
 
     def __len__(self) -> int:
         return len(self.workers)
 
     async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Calls `method` on every rank with the same arguments; results by rank."""
-        refs = [getattr(worker, method).remote(*args, **kwargs) for worker in self.workers]
+        refs = [self._call(worker, method, args, kwargs) for worker in self.workers]
         return await _gather(refs)
 
     async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
@@ -124,10 +171,18 @@ class WorkerGroup:
         if len(per_rank) != len(self.workers):
             raise ValueError(f"got {len(per_rank)} inputs for {len(self.workers)} workers")
         refs = [
-            getattr(worker, method).remote(item, **kwargs)
+            self._call(worker, method, (item,), kwargs)
             for worker, item in zip(self.workers, per_rank, strict=True)
         ]
         return await _gather(refs)
+
+    def _call(self, worker: Any, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """One actor call; inside the caller's trace when that trace is sampled (an
+        unsampled one would record nothing in the worker either: plain call)."""
+        if self._tracing is not None and tracing.recording():
+            carrier = tracing.trace_carrier()
+            return worker.__ray_call__.remote(_traced_call, method, carrier, args, kwargs)
+        return getattr(worker, method).remote(*args, **kwargs)
 
     def shutdown(self) -> None:
         for worker in self.workers:

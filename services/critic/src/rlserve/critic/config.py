@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.run_config import TracingConfig
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -55,6 +56,9 @@ class CriticServiceConfig(ConfigModel):
     """Samples per forward pass of ComputeValues on one worker."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry span export of this service (and its workers); off by default. The
+    trainer passes its own `trainer.tracing` here when it deploys the service."""
 
     @model_validator(mode="after")
     def _batches_split_evenly(self) -> CriticServiceConfig:

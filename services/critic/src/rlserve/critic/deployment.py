@@ -15,7 +15,7 @@ from importlib.metadata import version
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
-from rlserve.core.serving import Deadline, rpc_method
+from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import CriticController, start_worker_group
 from rlserve.v1 import common_pb2, critic_pb2
@@ -30,6 +30,7 @@ class CriticDeployment:
     """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint."""
 
     def __init__(self, config: CriticServiceConfig):
+        setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = CriticController(config, start_worker_group(config))
 

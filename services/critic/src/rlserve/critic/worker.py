@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.ppo_math import value_loss
 from rlserve.core.training import (
@@ -149,7 +150,10 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> Batch:
         """values [n, R] float32 for a sequence batch, in forward micro-batches."""
         self.engine.eval()
-        chunks = [self._values(micro) for micro in batch.chunk(self.forward_micro_batch_samples)]
+        chunks = []
+        for micro in batch.chunk(self.forward_micro_batch_samples):
+            with tracing.span("critic.forward", batch_size=len(micro)):
+                chunks.append(self._values(micro))
         response_len = batch.tensors["responses"].shape[1]
         values = torch.cat(chunks) if chunks else torch.zeros(0, response_len)
         return Batch(tensors={"values": values})
@@ -165,7 +169,7 @@ class CriticWorker:
         scale = self.grad_accum_steps * self.world_size
         zero_0 = self.engine.zero_optimization_stage() == 0
         results = []
-        for mini in work.mini_batches:
+        for mini_index, mini in enumerate(work.mini_batches):
             sums = {"vf_loss": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
             micro_batches = list(work.batch.index(mini.rows).chunk(self.micro_batch_samples))
             if len(micro_batches) != self.grad_accum_steps:
@@ -173,35 +177,39 @@ class CriticWorker:
                     f"mini-batch slice of {len(mini.rows)} rows makes {len(micro_batches)} "
                     f"micro-batches; the engine accumulates {self.grad_accum_steps}"
                 )
-            for index, micro in enumerate(micro_batches):
-                mask = micro.tensors["response_mask"]
-                values = self._values(micro)
-                units = loss_units(mask, self.loss_agg_mode)
-                if units == 0 or mini.global_units == 0:
-                    loss = values.sum() * 0.0  # keeps every rank's collectives in step
-                else:
-                    loss, metrics = value_loss(
-                        values,
-                        micro.tensors["values"],
-                        micro.tensors["returns"],
-                        mask,
-                        clip_range=self.cliprange_value,
-                        loss_agg_mode=self.loss_agg_mode,
-                    )
-                    weight = units / mini.global_units
-                    loss = loss * (weight * scale)
-                    tokens = float(mask.sum())
-                    sums["vf_loss"] += weight * float(metrics["vf_loss"])
-                    sums["clipped_tokens"] += float(metrics["vf_clipfrac"]) * tokens
-                    sums["tokens"] += tokens
-                self.engine.backward(loss)
-                if index == len(micro_batches) - 1 and zero_0:
-                    # ZeRO-0 records no norm and step() zeroes the (already all-reduced)
-                    # grads, so read it now; ZeRO-1/2/3 record it during step().
+            with tracing.span("critic.mini_batch", index=mini_index, batch_size=len(mini.rows)):
+                for index, micro in enumerate(micro_batches):
+                    mask = micro.tensors["response_mask"]
+                    with tracing.span("critic.forward", batch_size=len(micro)):
+                        values = self._values(micro)
+                        units = loss_units(mask, self.loss_agg_mode)
+                        if units == 0 or mini.global_units == 0:
+                            loss = values.sum() * 0.0  # keeps every rank's collectives in step
+                        else:
+                            loss, metrics = value_loss(
+                                values,
+                                micro.tensors["values"],
+                                micro.tensors["returns"],
+                                mask,
+                                clip_range=self.cliprange_value,
+                                loss_agg_mode=self.loss_agg_mode,
+                            )
+                            weight = units / mini.global_units
+                            loss = loss * (weight * scale)
+                            tokens = float(mask.sum())
+                            sums["vf_loss"] += weight * float(metrics["vf_loss"])
+                            sums["clipped_tokens"] += float(metrics["vf_clipfrac"]) * tokens
+                            sums["tokens"] += tokens
+                    with tracing.span("critic.backward"):
+                        self.engine.backward(loss)
+                    if index == len(micro_batches) - 1 and zero_0:
+                        # ZeRO-0 records no norm and step() zeroes the (already all-reduced)
+                        # grads, so read it now; ZeRO-1/2/3 record it during step().
+                        sums["grad_norm"] = grad_norm(self.engine)
+                    with tracing.span("critic.optimizer_step"):
+                        self.engine.step()
+                if not zero_0:
                     sums["grad_norm"] = grad_norm(self.engine)
-                self.engine.step()
-            if not zero_0:
-                sums["grad_norm"] = grad_norm(self.engine)
             sums["lr"] = float(self.engine.get_lr()[0])
             results.append(sums)
         return results

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field
 
 from rlserve.core.config import ConfigModel
+from rlserve.core.run_config import TracingConfig
 
 
 class ReferenceServiceConfig(ConfigModel):
@@ -26,3 +27,6 @@ class ReferenceServiceConfig(ConfigModel):
     """Logits are divided by it before the log-softmax, for batches whose meta carries no
     'temperature' (the rollout stamps its sampling temperature there, and that one wins);
     set it to the rollout's sampling temperature so the KL compares the same distributions."""
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry span export of this service (and its workers); off by default. The
+    trainer passes its own `trainer.tracing` here when it deploys the service."""

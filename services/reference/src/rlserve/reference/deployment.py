@@ -12,7 +12,7 @@ from importlib.metadata import version
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
-from rlserve.core.serving import Deadline, rpc_method
+from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.controller import ReferenceController, start_worker_group
 from rlserve.v1 import common_pb2, reference_pb2
@@ -23,6 +23,7 @@ class ReferenceDeployment:
     """ReferenceService: ComputeRefLogProb, GetInfo."""
 
     def __init__(self, config: ReferenceServiceConfig):
+        setup_replica_tracing("reference", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = ReferenceController(config, start_worker_group(config))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.modeling import load_causal_lm, log_probs_from_logits, response_logits
 from rlserve.core.workers import distributed_address, init_process_group
@@ -69,14 +70,15 @@ class ReferenceWorker:
         response_len = batch.tensors["responses"].shape[1]
         chunks = []
         for micro in batch.chunk(self.micro_batch_samples):
-            logits = response_logits(
-                self.model,
-                micro.tensors["input_ids"],
-                micro.tensors["attention_mask"],
-                response_len,
-                temperature,
-            )
-            log_probs = log_probs_from_logits(logits, micro.tensors["responses"])
-            chunks.append(log_probs * micro.tensors["response_mask"])
+            with tracing.span("reference.forward", batch_size=len(micro)):
+                logits = response_logits(
+                    self.model,
+                    micro.tensors["input_ids"],
+                    micro.tensors["attention_mask"],
+                    response_len,
+                    temperature,
+                )
+                log_probs = log_probs_from_logits(logits, micro.tensors["responses"])
+                chunks.append(log_probs * micro.tensors["response_mask"])
         log_probs = torch.cat(chunks) if chunks else torch.zeros(0, response_len)
         return Batch(tensors={"ref_log_probs": log_probs})

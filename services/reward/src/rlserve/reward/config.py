@@ -31,6 +31,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.run_config import TracingConfig
 from rlserve.reward.rules import resolve_rule
 
 KIND_NAMES = ("rule", "model", "http")
@@ -221,6 +222,9 @@ class RewardServiceConfig(ConfigModel):
     """torch intra-op threads per replica (reward-model forward passes)."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Node placement of the replicas."""
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry span export of this service (and its workers); off by default. The
+    trainer passes its own `trainer.tracing` here when it deploys the service."""
 
     @model_validator(mode="after")
     def _one_scaling_mode(self) -> "RewardServiceConfig":

@@ -22,7 +22,7 @@ from ray import serve
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
 from rlserve.core.config import validate_config
-from rlserve.core.serving import Deadline, rpc_method
+from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
 from rlserve.v1 import common_pb2, reward_pb2
@@ -42,6 +42,7 @@ class RewardDeployment:
     def __init__(self, config: dict) -> None:
         # A plain dict crosses to the replica; validating again here keeps one code path.
         self._config = validate_config(RewardServiceConfig, config)
+        setup_replica_tracing("reward", self._config.tracing)
         torch.set_num_threads(self._config.torch_threads)
         self._engine = build_engine(self._config)
 

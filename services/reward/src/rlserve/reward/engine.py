@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import grpc
 import torch
 
+from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.serving import Deadline, RpcError, invalid_argument
 from rlserve.core.validation import (
@@ -115,7 +116,8 @@ class RuleScorer:
         self, inputs: RewardInputs, deadline: Deadline
     ) -> tuple[torch.Tensor, dict[str, float]]:
         start_s = time.perf_counter()
-        scores = await asyncio.to_thread(self._score_rows, inputs, deadline)
+        with tracing.span("reward.rule", batch_size=inputs.size, rule=self._rule_name):
+            scores = await asyncio.to_thread(self._score_rows, inputs, deadline)
         return scores, {"rule_s": time.perf_counter() - start_s}
 
     def _score_rows(self, inputs: RewardInputs, deadline: Deadline) -> torch.Tensor:
@@ -159,9 +161,10 @@ class ModelScorer:
         self, inputs: RewardInputs, deadline: Deadline
     ) -> tuple[torch.Tensor, dict[str, float]]:
         start_s = time.perf_counter()
-        scores = await asyncio.to_thread(
-            self._model.score, inputs.input_ids, inputs.attention_mask, deadline
-        )
+        with tracing.span("reward.model", batch_size=inputs.size):
+            scores = await asyncio.to_thread(
+                self._model.score, inputs.input_ids, inputs.attention_mask, deadline
+            )
         return scores, {"model_s": time.perf_counter() - start_s}
 
     async def close(self) -> None:
@@ -188,7 +191,12 @@ class HttpScorer:
             {key: values[row] for key, values in inputs.columns.items()}
             for row in range(inputs.size)
         ]
-        result = await self._client.score_rows(payloads, deadline.unix_s, fail_fast=self._raise)
+        # One reward.http_call span per row (status, retries) under this one.
+        with tracing.span("reward.http", batch_size=inputs.size) as span:
+            result = await self._client.score_rows(payloads, deadline.unix_s, fail_fast=self._raise)
+            if span.is_recording():
+                span.set_attribute("rlserve.retries", result.retries)
+                span.set_attribute("rlserve.failures", len(result.failures))
         if self._raise and result.failures:
             raise self._rpc_error(result.failures[0])
         scores = torch.tensor(

@@ -18,6 +18,8 @@ Per sample: one POST (JSON body = the sample's fields), response {"score": numbe
 - A sample that still fails yields an `HttpFailure` (row, reason, detail, attempts);
   the caller applies its policy (raise or fallback). With `fail_fast` the first failure
   cancels the batch's other requests, since the call fails anyway.
+- Each sample is one span `reward.http_call` (row, attempts, retries, the last HTTP
+  status, ERROR with the reason when it failed), its attempts and backoffs inside.
 
 The session and semaphore are created lazily inside the running event loop (aiohttp
 requires it) and re-created if a different loop calls (tests running several loops).
@@ -32,6 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
+from opentelemetry.trace import Status, StatusCode
+
+from rlserve.core import tracing
 
 FailureReason = Literal["timeout", "unavailable", "rejected", "deadline"]
 _RETRYABLE_STATUSES = frozenset({408, 429})
@@ -186,6 +191,25 @@ class HttpScoreClient:
         stop_at: float | None,
         result: HttpBatchResult,
     ) -> None:
+        with tracing.span("reward.http_call", row=row) as span:
+            attempts = await self._try_row(session, semaphore, row, body, stop_at, result)
+            if span.is_recording():
+                span.set_attribute("rlserve.attempts", attempts)
+                span.set_attribute("rlserve.retries", max(0, attempts - 1))
+                if result.scores[row] is None:
+                    failure = next(f for f in reversed(result.failures) if f.row == row)
+                    span.set_status(Status(StatusCode.ERROR, f"{failure.reason}: {failure.detail}"))
+
+    async def _try_row(
+        self,
+        session: aiohttp.ClientSession,
+        semaphore: asyncio.Semaphore,
+        row: int,
+        body: dict[str, Any],
+        stop_at: float | None,
+        result: HttpBatchResult,
+    ) -> int:
+        """Attempts until a score, a permanent failure or no time is left; the attempts."""
         attempts = 0
         while True:
             async with semaphore:
@@ -193,24 +217,24 @@ class HttpScoreClient:
                 if left_s <= 0:
                     detail = "the caller's deadline left no time for a request"
                     result.failures.append(HttpFailure(row, "deadline", detail, attempts))
-                    return
+                    return attempts
                 attempts += 1
                 result.requests += 1
                 try:
                     result.scores[row] = await self._attempt(
                         session, body, min(self._timeout_s, left_s)
                     )
-                    return
+                    return attempts
                 except _AttemptError as error:
                     failure = error
             if not failure.retryable or attempts > self._retries:
                 result.failures.append(HttpFailure(row, failure.reason, failure.detail, attempts))
-                return
+                return attempts
             delay_s = self._backoff_s(attempts, failure.retry_after_s)
             if stop_at is not None and time.time() + delay_s >= stop_at:
                 # The retry could not even start before the deadline: give up now.
                 result.failures.append(HttpFailure(row, failure.reason, failure.detail, attempts))
-                return
+                return attempts
             await asyncio.sleep(delay_s)
             result.retries += 1
 
@@ -229,6 +253,7 @@ class HttpScoreClient:
                 raw = await response.read()
                 status = response.status
                 retry_after = response.headers.get("Retry-After", "")
+            tracing.annotate(status=status)  # the last attempt's status stays on the span
         except TimeoutError:
             raise _AttemptError("timeout", f"no response within {timeout_s:.3g} s", True) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.run_config import TracingConfig
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -91,6 +92,9 @@ class RolloutServiceConfig(ConfigModel):
     worker_call_timeout_s: float = Field(1800.0, gt=0)
     """Upper bound on one call to the workers, in seconds (the caller's deadline, when
     sooner, bounds generation and log-prob calls too)."""
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    """OpenTelemetry span export of this service (and its workers); off by default. The
+    trainer passes its own `trainer.tracing` here when it deploys the service."""
 
     @model_validator(mode="after")
     def _batches_split_evenly(self) -> RolloutServiceConfig:

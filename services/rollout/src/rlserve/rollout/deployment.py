@@ -19,7 +19,7 @@ import ray
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
-from rlserve.core.serving import Deadline, rpc_method
+from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.engine import RolloutController, controller_settings
@@ -49,6 +49,7 @@ class RolloutDeployment:
     """The actor service: generation, log-probs and PPO updates over DP ActorWorkers."""
 
     def __init__(self, config: RolloutServiceConfig):
+        setup_replica_tracing(ROLE, config.tracing)  # before the workers: they inherit it
         workers = WorkerGroup(
             ActorWorker,
             config.workers,

@@ -29,6 +29,7 @@ from typing import Any
 import ray
 import torch
 
+from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.modeling import (
     load_causal_lm,
@@ -217,7 +218,12 @@ class ActorWorker:
         prompt_ids = [
             ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask, strict=True)
         ]
-        generated = self.generation.generate(prompt_ids, sampling)
+        with tracing.span(
+            "rollout.generate", batch_size=len(prompt_ids), engine=self.engine_name
+        ) as span:
+            generated = self.generation.generate(prompt_ids, sampling)
+            if span.is_recording():
+                span.set_attribute("rlserve.tokens", sum(map(len, generated.response_ids)))
         n, width = sampling.responses_per_prompt, sampling.max_new_tokens
         rows = len(generated.response_ids)
         responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
@@ -252,18 +258,19 @@ class ActorWorker:
         self.engine.eval()
         log_probs, entropies = [], []
         for micro in batch.chunk(self.logprob_micro_batch_samples):
-            mask = micro["response_mask"].bool()
-            logits = response_logits(
-                self.engine,
-                micro["input_ids"],
-                micro["attention_mask"],
-                micro["responses"].shape[1],
-                temperature,
-            )
-            picked = log_probs_from_logits(logits, micro["responses"])
-            log_probs.append(torch.where(mask, picked, 0.0))
-            if return_entropy:
-                entropies.append(torch.where(mask, entropy_from_logits(logits.float()), 0.0))
+            with tracing.span("rollout.forward", batch_size=len(micro)):
+                mask = micro["response_mask"].bool()
+                logits = response_logits(
+                    self.engine,
+                    micro["input_ids"],
+                    micro["attention_mask"],
+                    micro["responses"].shape[1],
+                    temperature,
+                )
+                picked = log_probs_from_logits(logits, micro["responses"])
+                log_probs.append(torch.where(mask, picked, 0.0))
+                if return_entropy:
+                    entropies.append(torch.where(mask, entropy_from_logits(logits.float()), 0.0))
         tensors = {"log_probs": torch.cat(log_probs)}
         if return_entropy:
             tensors["entropy"] = torch.cat(entropies)
@@ -291,24 +298,29 @@ class ActorWorker:
         sums: dict[str, float] = {}
         step_sums = {"grad_norm": 0.0, "lr": 0.0}
         micro_count = step_count = 0
-        for mini in batch.chunk(share):
+        for index, mini in enumerate(batch.chunk(share)):
             norm = 0.0
-            for micro in mini.chunk(settings.micro_batch_samples):
-                loss, metrics = self._micro_batch_loss(micro, temperature)
-                self.engine.backward(loss)
-                if norm_from_grads and self.engine.is_gradient_accumulation_boundary():
-                    norm = grad_norm(self.engine)
-                self.engine.step()
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                micro_count += 1
+            with tracing.span("actor.mini_batch", index=index, batch_size=len(mini)):
+                for micro in mini.chunk(settings.micro_batch_samples):
+                    with tracing.span("actor.forward", batch_size=len(micro)):
+                        loss, metrics = self._micro_batch_loss(micro, temperature)
+                    with tracing.span("actor.backward"):
+                        self.engine.backward(loss)
+                    if norm_from_grads and self.engine.is_gradient_accumulation_boundary():
+                        norm = grad_norm(self.engine)
+                    with tracing.span("actor.optimizer_step"):
+                        self.engine.step()
+                    for key, value in metrics.items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
+                    micro_count += 1
             step_sums["grad_norm"] += norm if norm_from_grads else grad_norm(self.engine)
             step_sums["lr"] += float(self.engine.get_lr()[0])
             step_count += 1
         result = {key: value / micro_count for key, value in sums.items()}
         result.update({key: value / step_count for key, value in step_sums.items()})
         result["tokens"] = float(batch["response_mask"].sum())
-        self.generation.load_weights(full_state_dict(self.engine))
+        with tracing.span("actor.weight_sync", engine=self.engine_name):
+            self.generation.load_weights(full_state_dict(self.engine))
         return result
 
     def _micro_batch_loss(

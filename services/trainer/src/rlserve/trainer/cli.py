@@ -3,6 +3,7 @@
   rlserve train [--config FILE] [section.field=value ...]   new run (default: embedded)
   rlserve resume RUN_DIR [section.field=value ...]          continue from the last checkpoint
   rlserve config [--config FILE] [--describe] [overrides]   print the resolved config / fields
+  rlserve trace report FILE... [--step N] [--timeline PNG]  where each PPO step's time went
 
 Config errors exit with status 2 before anything starts, naming the field.
 """
@@ -30,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--config", type=Path)
     show.add_argument("--describe", action="store_true", help="list every field with its doc")
     show.add_argument("overrides", nargs="*")
+    trace = commands.add_parser("trace", help="analyse traces of PPO steps")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True)
+    # Listed for --help; main() hands everything after "trace report" to trace_report.
+    trace_commands.add_parser(
+        "report", help="critical path, time per service and stage, RPC overhead, timeline PNG"
+    )
     return parser
 
 
@@ -43,6 +50,11 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["trace", "report"]:
+        from rlserve.trainer import trace_report
+
+        return trace_report.main(argv[2:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "resume":

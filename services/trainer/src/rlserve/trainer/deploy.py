@@ -2,7 +2,8 @@
 
 The trainer never imports a service: it hands Serve each service's app builder by
 import path with plain args (the same form as a Serve config file), so a service can
-equally be deployed by `serve deploy`, by KubeRay, or by this code.
+equally be deployed by `serve deploy`, by KubeRay, or by this code. Every service gets
+the run's `trainer.tracing` as its `tracing` arg, so one setting traces the whole stack.
 """
 
 import time
@@ -68,7 +69,9 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "micro_batch_samples": critic.micro_batch_samples,
             "cliprange_value": critic.cliprange_value,
         }
-    return apps
+    # Needs the services' `tracing` config field (rlserve.core.run_config.TracingConfig).
+    tracing = config.trainer.tracing.model_dump()
+    return {role: {**args, "tracing": tracing} for role, args in apps.items()}
 
 
 def critic_model_path(config: RunConfig, model_dir: str) -> str:

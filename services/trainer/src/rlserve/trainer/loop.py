@@ -6,6 +6,13 @@ carry their step number so a retried update is never applied twice. Generation i
 on-policy: each request names the weights version it expects, and the version the
 actor reports after an update becomes the next expectation (staleness is recorded, and
 is 0 in this synchronous loop).
+
+Tracing: each step is one trace. `run_step` opens the root span `ppo.step` (attribute
+`rlserve.step`), current while the step's calls run — asyncio tasks copy the context, so
+every client span (rlserve.core.rpc) of the concurrent forwards and updates is its
+child — plus `trainer.advantages` for the trainer's own math. `evaluate` and
+`save_checkpoint` are traces of their own (`trainer.evaluate`, `trainer.checkpoint`,
+with the step they follow), so a step's trace and `time/step_s` cover the same work.
 """
 
 import asyncio
@@ -18,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.ppo_math import AdaptiveKLController, FixedKLController, masked_mean
@@ -161,7 +169,20 @@ class PPOTrainer:
         return batch_from_proto(response.batch)
 
     async def run_step(self) -> dict[str, float]:
-        """Runs step `state.step` (0-based) and returns its metrics."""
+        """Runs step `state.step` (0-based) and returns its metrics; one trace."""
+        with tracing.span("ppo.step", step=self.state.step) as root:
+            metrics = await self._run_step()
+            if root.is_recording():
+                root.set_attributes(
+                    {
+                        "rlserve.batch_size": int(metrics["samples"]),
+                        "rlserve.weights_version": self.state.weights_version,
+                        "rlserve.reward_mean": metrics["reward_mean"],
+                    }
+                )
+        return metrics
+
+    async def _run_step(self) -> dict[str, float]:
         step = self.state.step
         config = self.config
         timings: dict[str, float] = {}
@@ -223,9 +244,10 @@ class PPOTrainer:
         )
 
         math_started = time.perf_counter()
-        targets, adv_metrics = compute_advantages(
-            batch, self.advantage_settings, self.kl_controller.value
-        )
+        with tracing.span("trainer.advantages", batch_size=len(batch)):
+            targets, adv_metrics = compute_advantages(
+                batch, self.advantage_settings, self.kl_controller.value
+            )
         timings["time/advantages_s"] = time.perf_counter() - math_started
         batch = Batch(
             tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors, meta=batch.meta
@@ -311,10 +333,11 @@ class PPOTrainer:
         if not self.eval_rows:
             return {}
         started = time.perf_counter()
-        batch, _ = await self._generate(
-            self.eval_rows, self._sampling(self.state.step, greedy=True)
-        )
-        scores = (await self._score(batch))["scores"].float()
+        with tracing.span("trainer.evaluate", step=self.state.step, batch_size=len(self.eval_rows)):
+            batch, _ = await self._generate(
+                self.eval_rows, self._sampling(self.state.step, greedy=True)
+            )
+            scores = (await self._score(batch))["scores"].float()
         return {
             "eval_accuracy": float((scores >= 1.0 - 1e-6).float().mean()),
             "eval_reward_mean": float(scores.mean()),
@@ -322,6 +345,10 @@ class PPOTrainer:
         }
 
     async def save_checkpoint(self) -> Path:
+        with tracing.span("trainer.checkpoint", step=self.state.step):
+            return await self._save_checkpoint()
+
+    async def _save_checkpoint(self) -> Path:
         directory = checkpoint_dir(self.run_dir, self.state.step)
         directory.mkdir(parents=True, exist_ok=True)
         saves = [

@@ -3,6 +3,11 @@
 `train` is what `rlserve train` and `make demo` call. Everything that can be checked
 without a cluster (config, model directory, datasets) is checked before Ray starts, so
 a typo fails in a second, not after a deployment.
+
+Tracing (`trainer.tracing`): the trainer process traces as `rlserve-trainer` for the
+length of `train_on_services` and flushes its spans at the end; the services get the
+same settings in their deploy args (see deploy.py). Before a local cluster is torn
+down, the run waits for the services' last spans to be exported.
 """
 
 import asyncio
@@ -15,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlserve.core import tracing
 from rlserve.core.config import dump_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.run_config import RunConfig
@@ -88,16 +94,22 @@ def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
     return RunInputs(str(model_dir.resolve()), config.data.train_path, config.data.eval_path)
 
 
-async def train_on_services(
-    config: RunConfig,
-    inputs: RunInputs,
-    run_dir: Path,
-    serve_grpc_address: str,
-    resume_from: Path | None = None,
-    show_progress: bool = True,
-) -> RunSummary:
-    """The PPO loop against services already deployed on serve_grpc_address."""
-    started = time.perf_counter()
+def setup_trainer_tracing(config: RunConfig) -> None:
+    """This process's tracing, as `rlserve-trainer`, from `trainer.tracing`."""
+    settings = config.trainer.tracing
+    tracing.setup_tracing(
+        "rlserve-trainer",
+        settings.otlp_endpoint,
+        settings.sampling_ratio,
+        settings.enabled,
+        settings.file_path,
+    )
+
+
+def make_trainer(
+    config: RunConfig, inputs: RunInputs, run_dir: Path, serve_grpc_address: str
+) -> PPOTrainer:
+    """A PPOTrainer on the deployed services: tokenizer, prompts and clients loaded."""
     tokenizer = load_tokenizer(inputs.model_dir)
     rows = {
         "train": load_prompt_rows(
@@ -121,7 +133,38 @@ async def train_on_services(
     }
     roles = set(service_args(config, inputs.model_dir))
     clients = Clients.connect(serve_grpc_address, config, roles)
-    trainer = PPOTrainer(config, clients, tokenizer, rows["train"], rows["eval"], run_dir)
+    return PPOTrainer(config, clients, tokenizer, rows["train"], rows["eval"], run_dir)
+
+
+async def train_on_services(
+    config: RunConfig,
+    inputs: RunInputs,
+    run_dir: Path,
+    serve_grpc_address: str,
+    resume_from: Path | None = None,
+    show_progress: bool = True,
+) -> RunSummary:
+    """The PPO loop against services already deployed on serve_grpc_address."""
+    started = time.perf_counter()
+    setup_trainer_tracing(config)
+    try:
+        return await _train_on_services(
+            config, inputs, run_dir, serve_grpc_address, resume_from, show_progress, started
+        )
+    finally:
+        tracing.shutdown_tracing()  # exports the last steps' spans (bounded wait)
+
+
+async def _train_on_services(
+    config: RunConfig,
+    inputs: RunInputs,
+    run_dir: Path,
+    serve_grpc_address: str,
+    resume_from: Path | None,
+    show_progress: bool,
+    started: float,
+) -> RunSummary:
+    trainer = make_trainer(config, inputs, run_dir, serve_grpc_address)
     log = MetricsLog(run_dir)
     control = RunControl(total_steps=config.trainer.total_steps, run_dir=str(run_dir))
     server = None
@@ -268,6 +311,9 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
         summary = asyncio.run(train_on_services(config, inputs, run_dir, address, resume_from))
     finally:
         if local:
+            if config.trainer.tracing.enabled:
+                # The services export every EXPORT_DELAY_MS; let their last batch leave.
+                time.sleep(2 * tracing.EXPORT_DELAY_MS / 1000)
             _stop_local_cluster()
     return RunSummary(**{**asdict(summary), "total_s": time.perf_counter() - total_started})
 
