@@ -22,9 +22,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/buf lint
 
+# Two pytest sessions: the multi-node placement tests start their own simulated cluster,
+# and one process can hold only one Ray.
 test: lint
 	bash tools/setup_phoenix.sh
 	$(BIN)/python -m pytest
+	RLSERVE_MULTINODE_TESTS=1 $(BIN)/python -m pytest integration_tests/multinode
 
 # Regenerates the committed Python stubs from proto/ (a test checks they are fresh).
 protos: $(STAMP)

@@ -32,6 +32,7 @@ __all__ = [
     "AdvEstimator",
     "AlgorithmConfig",
     "ArithmeticTaskConfig",
+    "AutoscalingConfig",
     "CriticConfig",
     "DataConfig",
     "HttpRewardConfig",
@@ -39,7 +40,10 @@ __all__ = [
     "KlKind",
     "LossAggMode",
     "ModelConfig",
+    "PlacementConfig",
+    "ResourcePoolConfig",
     "RewardConfig",
+    "RolePlacementConfig",
     "RolloutConfig",
     "RunConfig",
     "TinyModelConfig",
@@ -322,6 +326,40 @@ class AlgorithmConfig(ConfigModel):
 # --- reward -----------------------------------------------------------------------------
 
 
+class AutoscalingConfig(ConfigModel):
+    """Serve autoscaling: replicas follow the number of requests in flight."""
+
+    min_replicas: int = Field(1, ge=0)
+    """Fewest replicas (0 lets the service scale to zero when idle)."""
+    max_replicas: int = Field(4, ge=1)
+    """Most replicas."""
+    initial_replicas: int | None = Field(None, ge=0)
+    """Replicas at deployment; None = min_replicas."""
+    target_ongoing_requests: float = Field(2.0, gt=0, allow_inf_nan=False)
+    """Requests in flight per replica the autoscaler aims for."""
+    upscale_delay_s: float = Field(30.0, ge=0, allow_inf_nan=False)
+    """How long demand must stay high before replicas are added."""
+    downscale_delay_s: float = Field(600.0, ge=0, allow_inf_nan=False)
+    """How long demand must stay low before replicas are removed."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingConfig:
+        if self.max_replicas < self.min_replicas:
+            raise ConfigError(
+                "max_replicas",
+                f"must be >= min_replicas ({self.min_replicas}); got {self.max_replicas}",
+            )
+        if self.initial_replicas is not None and not (
+            self.min_replicas <= self.initial_replicas <= self.max_replicas
+        ):
+            raise ConfigError(
+                "initial_replicas",
+                f"must lie in min_replicas..max_replicas ({self.min_replicas}..{self.max_replicas})"
+                f"; got {self.initial_replicas}",
+            )
+        return self
+
+
 class HttpRewardConfig(ConfigModel):
     """An external HTTP scoring API (reward.kind 'http')."""
 
@@ -350,9 +388,18 @@ class RewardConfig(ConfigModel):
     """Local reward-model directory; required when kind is 'model'."""
     http: HttpRewardConfig = Field(default_factory=HttpRewardConfig)
     """The external API; used when kind is 'http'."""
+    num_replicas: int | None = Field(None, ge=1)
+    """Fixed count of reward replicas; None = 1, or autoscaling when autoscaling is set."""
+    autoscaling: AutoscalingConfig | None = None
+    """Serve autoscaling of the reward replicas (min/max replicas, target requests in
+    flight per replica); excludes num_replicas."""
+    max_ongoing_requests: int = Field(8, ge=1)
+    """Calls one reward replica handles at once."""
 
     @model_validator(mode="after")
     def _kind_has_its_setting(self) -> RewardConfig:
+        if self.num_replicas is not None and self.autoscaling is not None:
+            raise ConfigError("num_replicas", "set either num_replicas or autoscaling, not both")
         if self.kind == "rule" and not self.rule_name:
             raise ConfigError("rule_name", "required when kind is 'rule'")
         if self.kind == "model" and not self.model_path:
@@ -365,6 +412,91 @@ class RewardConfig(ConfigModel):
                     "http.url", f"must start with http:// or https://; got {self.http.url!r}"
                 )
         return self
+
+
+# --- placement --------------------------------------------------------------------------
+
+PlacedRole = Literal["rollout", "critic", "reference", "reward"]
+PlacementStrategy = Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"]
+
+
+class ResourcePoolConfig(ConfigModel):
+    """A named set of nodes (by Ray node label) and how bundles spread over them."""
+
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels the pool's nodes carry, e.g. {"rlserve.io/pool": "gpu"} for nodes
+    started with `ray start --labels='{"rlserve.io/pool": "gpu"}'`; empty = every node."""
+    strategy: PlacementStrategy = "PACK"
+    """How the pool's placement group spreads its bundles: STRICT_PACK colocates every
+    worker of the pool's roles on one node; SPREAD puts them on different nodes."""
+
+
+class RolePlacementConfig(ConfigModel):
+    """Which pool one service runs in, and what each of its workers (or, for reward,
+    replicas) takes."""
+
+    pool: str
+    """Name of a pool in placement.pools."""
+    worker_resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
+    """Resources of one worker's bundle, e.g. {CPU: 4, GPU: 1} or a fractional custom
+    resource {CPU: 1, GPU_group: 0.5}; for reward, those of one replica (never a GPU)."""
+
+    @field_validator("worker_resources")
+    @classmethod
+    def _asks_for_something(cls, resources: dict[str, float]) -> dict[str, float]:
+        if not resources or any(amount < 0 for amount in resources.values()):
+            raise ValueError(f"needs amounts >= 0, at least one > 0; got {resources}")
+        if not any(amount > 0 for amount in resources.values()):
+            raise ValueError(f"asks for nothing; give it e.g. {{CPU: 1}}; got {resources}")
+        return resources
+
+
+class PlacementConfig(ConfigModel):
+    """Resource pools and the role → pool mapping (VeRL's resource pool manager).
+
+    Roles that share a pool share one named placement group, their workers' bundles in
+    the order rollout, critic, reference. The actor's training engine and generation
+    engine always share one process. Reward runs only on its pool's nodes, scales by
+    replicas and never takes a GPU. Empty (the default): Ray picks the nodes."""
+
+    pools: dict[str, ResourcePoolConfig] = Field(default_factory=dict)
+    """Resource pools by name, e.g. {global_pool: ..., reward_pool: ...}."""
+    roles: dict[PlacedRole, RolePlacementConfig] = Field(default_factory=dict)
+    """Pool (and per-worker resources) of each service; a role left out is placed by Ray."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for a pool's placement group when other work holds its resources
+    (a pool that can never hold it fails at once)."""
+    group_prefix: str = "rlserve"
+    """Placement groups are named '<group_prefix>-<pool>'."""
+
+    @model_validator(mode="after")
+    def _roles_name_pools(self) -> PlacementConfig:
+        issues = []
+        for role, placed in self.roles.items():
+            if placed.pool not in self.pools:
+                issues.append(
+                    (
+                        f"roles.{role}.pool",
+                        f"no pool {placed.pool!r}; define it under placement.pools "
+                        f"(defined: {sorted(self.pools) or 'none'})",
+                    )
+                )
+        reward = self.roles.get("reward")
+        if reward is not None and reward.worker_resources.get("GPU", 0) > 0:
+            issues.append(
+                ("roles.reward.worker_resources.GPU", "reward never takes a GPU; remove it")
+            )
+        if issues:
+            raise ConfigError(issues)
+        return self
+
+    def roles_in_pool(self, pool: str) -> list[str]:
+        """Roles placed in `pool` that hold worker actors, in bundle order."""
+        return [
+            role
+            for role in ("rollout", "critic", "reference")
+            if role in self.roles and self.roles[role].pool == pool
+        ]
 
 
 # --- trainer ----------------------------------------------------------------------------
@@ -460,6 +592,8 @@ class RunConfig(ConfigModel):
     """Scoring."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The loop itself."""
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Resource pools and which service runs in which; empty = Ray picks the nodes."""
 
     @property
     def samples_per_step(self) -> int:

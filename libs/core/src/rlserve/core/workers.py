@@ -26,11 +26,15 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayTaskError
-from ray.util.placement_group import get_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
+from rlserve.core.placement import (
+    WorkerPlacementConfig,
+    actor_resource_options,
+    ensure_placement_group,
+)
 
 
 def distributed_address() -> tuple[str, int]:
@@ -97,8 +101,11 @@ async def _gather(refs: list[Any]) -> list[Any]:
 class WorkerGroup:
     """`num_workers` actors of `worker_cls`, ranks 0..N-1, in one process group.
 
-    Creation fails within schedule_timeout_s, naming the shortfall, when the cluster
-    cannot place the workers (Ray would otherwise leave them pending forever).
+    With `placement`, worker i runs in bundle `bundle_offset + i` of that named placement
+    group (created if missing) and asks for exactly that bundle's resources; without it,
+    each worker asks for `num_cpus_per_worker` and Ray picks the node. Creation fails
+    within schedule_timeout_s, naming the shortfall, when the cluster cannot place the
+    workers (Ray would otherwise leave them pending forever).
     """
 
     def __init__(
@@ -107,20 +114,25 @@ class WorkerGroup:
         num_workers: int,
         worker_kwargs: dict[str, Any],
         num_cpus_per_worker: float = 1.0,
-        placement_group_name: str | None = None,
+        placement: WorkerPlacementConfig | None = None,
         name_prefix: str | None = None,
         schedule_timeout_s: float = 120.0,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers: must be >= 1, got {num_workers}")
-        group = get_placement_group(placement_group_name) if placement_group_name else None
+        group = None
+        if placement is not None:
+            placement.require_room_for(num_workers)
+            group = ensure_placement_group(placement)
         remote_cls = ray.remote(worker_cls)
         self.workers = []
         for rank in range(num_workers):
             options: dict[str, Any] = {"num_cpus": num_cpus_per_worker}
             if group is not None:
+                bundle_index = placement.bundle_offset + rank
+                options = actor_resource_options(placement.bundles[bundle_index])
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=rank
+                    placement_group=group, placement_group_bundle_index=bundle_index
                 )
             if name_prefix:
                 options["name"] = f"{name_prefix}-rank{rank}"

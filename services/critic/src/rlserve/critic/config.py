@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -32,6 +33,10 @@ class CriticServiceConfig(ConfigModel):
     """Data-parallel workers (DeepSpeed ranks), one Ray actor each."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
     """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least 1)."""
+    placement: WorkerPlacementConfig | None = None
+    """Named placement group (a resource pool's) the workers run in, worker i in bundle
+    placement.bundle_offset + i, each asking for its bundle's resources (then
+    num_cpus_per_worker only sets torch threads); None = Ray picks nodes."""
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage (0 = plain data parallel)."""
     lr: float = Field(1e-3, gt=0)
@@ -62,6 +67,8 @@ class CriticServiceConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _batches_split_evenly(self) -> CriticServiceConfig:
+        if self.placement is not None:
+            self.placement.require_room_for(self.workers)
         if self.ppo_mini_batch_samples % self.workers:
             raise ConfigError(
                 "workers",

@@ -80,6 +80,7 @@ def start_worker_group(config: CriticServiceConfig) -> Any:
         config.workers,
         worker_kwargs(config),
         num_cpus_per_worker=config.num_cpus_per_worker,
+        placement=config.placement,
     )
 
 

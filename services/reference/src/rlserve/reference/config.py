@@ -2,9 +2,10 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigModel
+from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
 
 
@@ -19,6 +20,10 @@ class ReferenceServiceConfig(ConfigModel):
     """Data-parallel workers, one Ray actor each; a request's rows are split over them."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
     """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least 1)."""
+    placement: WorkerPlacementConfig | None = None
+    """Named placement group (a resource pool's) the workers run in, worker i in bundle
+    placement.bundle_offset + i, each asking for its bundle's resources (then
+    num_cpus_per_worker only sets torch threads); None = Ray picks nodes."""
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass on one worker."""
     max_batch_samples: int = Field(4096, ge=1)
@@ -30,3 +35,9 @@ class ReferenceServiceConfig(ConfigModel):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry span export of this service (and its workers); off by default. The
     trainer passes its own `trainer.tracing` here when it deploys the service."""
+
+    @model_validator(mode="after")
+    def _placement_has_room(self) -> "ReferenceServiceConfig":
+        if self.placement is not None:
+            self.placement.require_room_for(self.workers)
+        return self

@@ -52,6 +52,7 @@ def start_worker_group(config: ReferenceServiceConfig) -> Any:
         config.workers,
         worker_kwargs(config),
         num_cpus_per_worker=config.num_cpus_per_worker,
+        placement=config.placement,
     )
 
 

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
-from rlserve.core.run_config import TracingConfig
+from rlserve.core.run_config import AutoscalingConfig, TracingConfig
 from rlserve.reward.rules import resolve_rule
 
 KIND_NAMES = ("rule", "model", "http")
@@ -135,40 +135,6 @@ class RewardKindsConfig(ConfigModel):
         return {
             name: kind.weight for name in KIND_NAMES if (kind := getattr(self, name)) is not None
         }
-
-
-class AutoscalingConfig(ConfigModel):
-    """Serve autoscaling: replicas follow the number of requests in flight."""
-
-    min_replicas: int = Field(1, ge=0)
-    """Fewest replicas (0 lets the service scale to zero when idle)."""
-    max_replicas: int = Field(4, ge=1)
-    """Most replicas."""
-    initial_replicas: int | None = Field(None, ge=0)
-    """Replicas at deployment; None = min_replicas."""
-    target_ongoing_requests: float = Field(2.0, gt=0, allow_inf_nan=False)
-    """Requests in flight per replica the autoscaler aims for."""
-    upscale_delay_s: float = Field(30.0, ge=0, allow_inf_nan=False)
-    """How long demand must stay high before replicas are added."""
-    downscale_delay_s: float = Field(600.0, ge=0, allow_inf_nan=False)
-    """How long demand must stay low before replicas are removed."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "AutoscalingConfig":
-        if self.max_replicas < self.min_replicas:
-            raise ConfigError(
-                "max_replicas",
-                f"must be >= min_replicas ({self.min_replicas}); got {self.max_replicas}",
-            )
-        if self.initial_replicas is not None and not (
-            self.min_replicas <= self.initial_replicas <= self.max_replicas
-        ):
-            raise ConfigError(
-                "initial_replicas",
-                f"must lie in min_replicas..max_replicas ({self.min_replicas}..{self.max_replicas})"
-                f"; got {self.initial_replicas}",
-            )
-        return self
 
 
 class PlacementConfig(ConfigModel):

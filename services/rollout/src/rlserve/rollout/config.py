@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -39,8 +40,10 @@ class RolloutServiceConfig(ConfigModel):
     """Ray CPUs reserved per worker."""
     torch_threads_per_worker: int = Field(1, ge=1)
     """torch intra-op threads in each worker (keep workers × threads ≤ physical cores)."""
-    placement_group_name: str | None = None
-    """Existing named placement group to put worker i in bundle i; None = Ray decides."""
+    placement: WorkerPlacementConfig | None = None
+    """Named placement group (a resource pool's) the workers run in, worker i in bundle
+    placement.bundle_offset + i, each asking for its bundle's resources (then
+    num_cpus_per_worker only sets torch threads); None = Ray picks nodes."""
     seed: int = 0
     """Seed of the mini-batch shuffling (offset by the step) and of the vLLM engine."""
 
@@ -98,6 +101,8 @@ class RolloutServiceConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _batches_split_evenly(self) -> RolloutServiceConfig:
+        if self.placement is not None:
+            self.placement.require_room_for(self.workers)
         issues: list[tuple[str, str]] = []
         if self.use_kl_loss and self.kl_loss_coef == 0:
             issues.append(

@@ -55,7 +55,7 @@ class RolloutDeployment:
             config.workers,
             actor_worker_kwargs(config),
             num_cpus_per_worker=config.num_cpus_per_worker,
-            placement_group_name=config.placement_group_name,
+            placement=config.placement,
         )
         limits = ray.get(workers.workers[0].model_limits.remote())
         self.controller = RolloutController(workers, controller_settings(config, **limits))

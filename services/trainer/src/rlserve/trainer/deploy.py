@@ -11,6 +11,15 @@ from typing import Any
 
 from ray.serve.schema import ServeDeploySchema
 
+from rlserve.core.placement import (
+    PlacementError,
+    WorkerPlacementConfig,
+    alive_nodes,
+    ensure_placement_group,
+    group_bundle_nodes,
+    nodes_matching,
+    serve_replicas,
+)
 from rlserve.core.run_config import RunConfig
 
 IMPORT_PATHS = {
@@ -69,9 +78,52 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "micro_batch_samples": critic.micro_batch_samples,
             "cliprange_value": critic.cliprange_value,
         }
-    # Needs the services' `tracing` config field (rlserve.core.run_config.TracingConfig).
+    for role, placement in worker_placements(config, apps).items():
+        apps[role]["placement"] = placement
+        # torch threads per worker follow the bundle's CPUs
+        apps[role]["num_cpus_per_worker"] = max(1.0, placement["bundles"][0].get("CPU", 1.0))
     tracing = config.trainer.tracing.model_dump()
     return {role: {**args, "tracing": tracing} for role, args in apps.items()}
+
+
+def worker_placements(
+    config: RunConfig, apps: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each placed worker role's `placement` arg: the pool's one group, holding the
+    bundles of every deployed role in that pool (rollout, critic, reference order)."""
+    placement = config.placement
+    placements: dict[str, dict[str, Any]] = {}
+    for pool_name, pool in placement.pools.items():
+        roles = [role for role in placement.roles_in_pool(pool_name) if role in apps]
+        bundles: list[dict[str, float]] = []
+        offsets = {}
+        for role in roles:
+            offsets[role] = len(bundles)
+            resources = dict(placement.roles[role].worker_resources)
+            bundles += [dict(resources) for _ in range(apps[role].get("workers", 1))]
+        for role in roles:
+            placements[role] = {
+                "group_name": f"{placement.group_prefix}-{pool_name}",
+                "pool": pool_name,
+                "bundles": bundles,
+                "bundle_offset": offsets[role],
+                "strategy": pool.strategy,
+                "label_selector": dict(pool.label_selector),
+                "timeout_s": placement.timeout_s,
+            }
+    return placements
+
+
+def reserve_placement_groups(apps: dict[str, dict[str, Any]]) -> None:
+    """Creates every pool's placement group before the services start, so an impossible
+    placement fails here, at once, naming the pool and the missing resources."""
+    seen = set()
+    for role, args in apps.items():
+        placement = args.get("placement")
+        # reward's placement is a node selector for its replicas, not a group
+        if role != "reward" and placement and placement["group_name"] not in seen:
+            seen.add(placement["group_name"])
+            ensure_placement_group(WorkerPlacementConfig(**placement))
 
 
 def critic_model_path(config: RunConfig, model_dir: str) -> str:
@@ -96,7 +148,63 @@ def reward_args(config: RunConfig) -> dict[str, Any]:
                 "fallback_score": http.fallback_score,
             }
         }
-    return {"kinds": kinds}
+    args: dict[str, Any] = {
+        "kinds": kinds,
+        "max_ongoing_requests": reward.max_ongoing_requests,
+    }
+    if reward.autoscaling is not None:
+        args["autoscaling_config"] = reward.autoscaling.model_dump()
+    elif reward.num_replicas is not None:
+        args["num_replicas"] = reward.num_replicas
+    placed = config.placement.roles.get("reward")
+    if placed is not None:
+        pool = config.placement.pools[placed.pool]
+        resources = dict(placed.worker_resources)
+        args["num_cpus_per_replica"] = resources.pop("CPU", 1.0)
+        resources.pop("GPU", None)  # config validation already refused a GPU
+        args["placement"] = {
+            "label_selector": dict(pool.label_selector),
+            "resources": {name: amount for name, amount in resources.items() if amount > 0},
+        }
+    return args
+
+
+def verify_placement(config: RunConfig, apps: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Reads where every placed worker bundle and reward replica actually runs and checks
+    the pool rules; returns node ids by role, or raises PlacementError naming each breach."""
+    nodes = alive_nodes()
+    breaches: list[str] = []
+    where: dict[str, list[str]] = {}
+    for role, args in apps.items():
+        placement = args.get("placement")
+        if role == "reward" or not placement:
+            continue
+        bundle_nodes = group_bundle_nodes(placement["group_name"])
+        offset, workers = placement["bundle_offset"], args.get("workers", 1)
+        where[role] = bundle_nodes[offset : offset + workers]
+        pool_nodes = {n["node_id"] for n in nodes_matching(nodes, placement["label_selector"])}
+        outside = [node for node in where[role] if node not in pool_nodes]
+        if outside:
+            breaches.append(f"{role}: workers on {outside}, outside pool {placement['pool']!r}")
+        if placement["strategy"] == "STRICT_PACK" and len(set(bundle_nodes)) != 1:
+            breaches.append(f"pool {placement['pool']!r}: STRICT_PACK group on {bundle_nodes}")
+    reward_pool = config.placement.roles.get("reward")
+    if "reward" in apps and reward_pool is not None:
+        selector = config.placement.pools[reward_pool.pool].label_selector
+        pool_nodes = {n["node_id"] for n in nodes_matching(nodes, selector)}
+        replicas = serve_replicas("reward")
+        where["reward"] = [replica["node_id"] for replica in replicas]
+        for replica in replicas:
+            if replica["node_id"] not in pool_nodes:
+                breaches.append(
+                    f"reward: replica {replica['replica_id']} on node "
+                    f"{replica['node_id'][:12]}, outside pool {reward_pool.pool!r}"
+                )
+            if replica["required_resources"].get("GPU", 0) > 0:
+                breaches.append(f"reward: replica {replica['replica_id']} holds a GPU")
+    if breaches:
+        raise PlacementError("placement rules broken after deployment: " + "; ".join(breaches))
+    return where
 
 
 def deploy_services(apps: dict[str, dict[str, Any]], timeout_s: float) -> None:
@@ -115,14 +223,35 @@ def deploy_services(apps: dict[str, dict[str, Any]], timeout_s: float) -> None:
     )
 
 
-def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> None:
-    """Deploys Serve config entries (name, route_prefix, import_path, args) and waits
-    until every one is RUNNING; a failed deployment raises with Serve's message."""
-    from ray import serve
+def declared_applications() -> dict[str, dict[str, Any]]:
+    """The Serve config entries of the apps deployed declaratively, by name."""
     from ray.serve.context import _get_global_client
 
-    # The declarative path (what `serve deploy` uses): Serve imports each builder itself.
-    _get_global_client().deploy_apps(ServeDeploySchema(applications=applications))
+    details = _get_global_client().get_serve_details()
+    return {
+        name: app["deployed_app_config"]
+        for name, app in (details.get("applications") or {}).items()
+        if app.get("deployed_app_config")
+    }
+
+
+def _apply(applications: dict[str, dict[str, Any]]) -> None:
+    from ray.serve.context import _get_global_client
+
+    # The declarative path (what `serve deploy` uses): Serve imports each builder itself,
+    # deletes declared apps missing from the list and leaves unchanged ones running.
+    _get_global_client().deploy_apps(ServeDeploySchema(applications=list(applications.values())))
+
+
+def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> None:
+    """Deploys or updates Serve config entries (name, route_prefix, import_path, args) next
+    to the apps already declared, which keep running untouched, and waits until every
+    one given is RUNNING; a failed deployment raises with Serve's message."""
+    from ray import serve
+
+    merged = declared_applications()
+    merged.update((app["name"], app) for app in applications)
+    _apply(merged)
     names = [app["name"] for app in applications]
     deadline = time.monotonic() + timeout_s
     while True:
@@ -132,7 +261,7 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
             status = statuses.get(name)
             state = status.status if status else "NOT_STARTED"
             if state in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise RuntimeError(f"service {name!r} failed to deploy: {status.message}")
+                raise RuntimeError(f"service {name!r} failed to deploy: {_failure(status)}")
             if state != "RUNNING":
                 pending[name] = state
         if not pending:
@@ -142,4 +271,29 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
                 f"services not running after {timeout_s:.0f} s (trainer.deploy_timeout_s): "
                 f"{pending}"
             )
+        time.sleep(0.5)
+
+
+def _failure(status: Any) -> str:
+    """The app's message plus its deployments' (where a replica's exception is)."""
+    reasons = [status.message] + [
+        deployment.message for deployment in status.deployments.values() if deployment.message
+    ]
+    # A replica's message ends with its exception line; the traceback above it is noise.
+    return " | ".join(reason.strip().splitlines()[-1] for reason in reasons if reason.strip())
+
+
+def remove_application(name: str, timeout_s: float) -> None:
+    """Deletes one declared app and waits until it is gone; the others keep running."""
+    from ray import serve
+
+    declared = declared_applications()
+    if name not in declared:
+        raise KeyError(f"no application {name!r} deployed by config; deployed: {sorted(declared)}")
+    del declared[name]
+    _apply(declared)
+    deadline = time.monotonic() + timeout_s
+    while name in serve.status().applications:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"application {name!r} still present after {timeout_s:.0f} s")
         time.sleep(0.5)

@@ -27,7 +27,12 @@ from rlserve.core.run_config import RunConfig
 from rlserve.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from rlserve.trainer.control import RunControl, serve_control
 from rlserve.trainer.data import load_prompt_rows
-from rlserve.trainer.deploy import deploy_services, service_args
+from rlserve.trainer.deploy import (
+    deploy_services,
+    reserve_placement_groups,
+    service_args,
+    verify_placement,
+)
 from rlserve.trainer.loop import Clients, PPOTrainer
 from rlserve.trainer.metrics import MetricsLog, plot_curves, read_metrics, truncate_after
 from rlserve.v1 import trainer_pb2
@@ -306,8 +311,13 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
         )
     address, local = start_cluster(config, run_dir)
     try:
+        apps = service_args(config, inputs.model_dir)
+        reserve_placement_groups(apps)
         console.print(f"deploying services on Serve (gRPC {address}) ...")
-        deploy_services(service_args(config, inputs.model_dir), config.trainer.deploy_timeout_s)
+        deploy_services(apps, config.trainer.deploy_timeout_s)
+        if config.placement.roles:
+            for role, nodes in verify_placement(config, apps).items():
+                console.print(f"placement: {role} on nodes {[node[:12] for node in nodes]}")
         summary = asyncio.run(train_on_services(config, inputs, run_dir, address, resume_from))
     finally:
         if local:
