@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Starts the head node of a multi-node rlserve Ray cluster (hosts or VMs; on Kubernetes use
+# deploy/kuberay/ instead).
+#
+#   deploy/ray/start-head.sh [more `ray start` arguments, e.g. --block]
+#
+# The head runs Ray's GCS and dashboard, Serve's controller and its one gRPC proxy
+# (proxy_location HeadOnly in deploy/serve/all.yaml, port 9000) and the trainer. It belongs
+# to no pool unless POOL says so, so no service worker or reward replica lands on it; the
+# services' own replicas take no CPU and may run anywhere. Then, on each other node:
+#   deploy/ray/start-worker.sh HEAD_IP:6379     (POOL=gpu or POOL=cheap)
+# and here: serve deploy deploy/serve/all.yaml
+#
+# Environment (all optional):
+#   RAY                 ray executable (default: `ray` on PATH, e.g. .venv/bin/ray)
+#   RAY_PORT            GCS port the workers join (default 6379)
+#   NODE_IP             this node's address for the others (default: Ray picks one)
+#   NUM_CPUS, NUM_GPUS  logical CPUs / GPUs offered to Ray, whole numbers (default: detected)
+#   OBJECT_STORE_BYTES  object store size in bytes (default: Ray's, 30% of memory)
+#   RESOURCES           custom resources as JSON, e.g. '{"cpu_pool": 1000}'
+#   POOL                rlserve pool of this node: gpu, cheap or none (default); sets the
+#                       node label rlserve.io/pool that the services' placement selects
+#   LABELS              more node labels, key=value[,key=value]
+#   DASHBOARD_HOST      dashboard address (default 127.0.0.1: this host only; run
+#                       `serve deploy` here or through an SSH tunnel. 0.0.0.0 exposes it,
+#                       and with it job submission, to the network)
+#   DASHBOARD_PORT      (default 8265)
+#   TEMP_DIR            Ray's temp/log directory (default /tmp/ray)
+#   RAY_AUTH_MODE       disabled (default, as rlserve.core.cluster sets it) or token
+#   DRY_RUN=1           print the `ray start` command instead of running it
+#
+# Ports other nodes must reach: 6379 (GCS) and Ray's node ports; clients: 10001 (Ray
+# client), 9000 (Serve gRPC). Ray takes no authentication with RAY_AUTH_MODE=disabled and
+# Serve's gRPC proxy binds every interface: keep them on a private network or firewalled.
+set -euo pipefail
+
+# shellcheck source=deploy/ray/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+RAY="${RAY:-ray}"
+RAY_PORT="${RAY_PORT:-6379}"
+DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
+DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
+require_uint RAY_PORT "$RAY_PORT"
+require_uint DASHBOARD_PORT "$DASHBOARD_PORT"
+
+ray_start_args "${POOL:-}"
+run_ray "$RAY" start --head \
+    --port="$RAY_PORT" \
+    --include-dashboard=true \
+    --dashboard-host="$DASHBOARD_HOST" \
+    --dashboard-port="$DASHBOARD_PORT" \
+    "${RAY_START_ARGS[@]}" \
+    "$@"
