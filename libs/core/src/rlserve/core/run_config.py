@@ -468,10 +468,19 @@ class PlacementConfig(ConfigModel):
     (a pool that can never hold it fails at once)."""
     group_prefix: str = "rlserve"
     """Placement groups are named '<group_prefix>-<pool>'."""
+    reference_in_rollout: bool = False
+    """Merge the reference into the rollout service: its workers keep a frozen copy of the
+    initial weights beside the actor and answer ComputeRefLogProb, and no separate
+    reference service is deployed (saves a deployment and its nodes; with LoRA, the same
+    weights with adapters off). Ignored when the run uses no reference."""
 
     @model_validator(mode="after")
     def _roles_name_pools(self) -> PlacementConfig:
         issues = []
+        if self.reference_in_rollout and "reference" in self.roles:
+            issues.append(
+                ("roles.reference", "the reference is merged into rollout; remove its pool")
+            )
         for role, placed in self.roles.items():
             if placed.pool not in self.pools:
                 issues.append(

@@ -44,6 +44,10 @@ class RolloutServiceConfig(ConfigModel):
     """Named placement group (a resource pool's) the workers run in, worker i in bundle
     placement.bundle_offset + i, each asking for its bundle's resources (then
     num_cpus_per_worker only sets torch threads); None = Ray picks nodes."""
+    serve_reference: bool = False
+    """Also answer ReferenceService.ComputeRefLogProb: each worker keeps a frozen copy of
+    the initial weights beside its training engine (the reference merged into the actor's
+    process, no separate reference service; with LoRA, the same weights with adapters off)."""
     seed: int = 0
     """Seed of the mini-batch shuffling (offset by the step) and of the vLLM engine."""
 

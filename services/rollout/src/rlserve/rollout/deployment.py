@@ -25,7 +25,7 @@ from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.engine import RolloutController, controller_settings
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.worker import ActorWorker, actor_worker_kwargs
-from rlserve.v1 import common_pb2, rollout_pb2
+from rlserve.v1 import common_pb2, reference_pb2, rollout_pb2
 
 ROLE = "rollout"
 
@@ -86,6 +86,18 @@ class RolloutDeployment:
             batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
         )
 
+    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
+    async def ComputeRefLogProb(self, request, grpc_context):
+        # ReferenceService's RPC, served here when the reference is merged into the actor
+        # (serve_reference): callers address this app with the ReferenceService stub.
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        batch, metrics = await self.controller.compute_ref_log_prob(
+            batch_from_proto(request.batch), deadline
+        )
+        return reference_pb2.ComputeRefLogProbResponse(
+            batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
+        )
+
     @rpc_method(rollout_pb2.UpdateActorResponse)
     async def UpdateActor(self, request, grpc_context):
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
@@ -100,8 +112,15 @@ class RolloutDeployment:
 
     @rpc_method(rollout_pb2.RolloutServiceGetInfoResponse)
     async def GetInfo(self, request, grpc_context):
+        # Serve routes by method name, so ReferenceService.GetInfo (merged reference)
+        # arrives here too; answer in the type the caller's stub expects.
+        response_cls = (
+            reference_pb2.ReferenceServiceGetInfoResponse
+            if isinstance(request, reference_pb2.ReferenceServiceGetInfoRequest)
+            else rollout_pb2.RolloutServiceGetInfoResponse
+        )
         info = await self.controller.info()
-        return rollout_pb2.RolloutServiceGetInfoResponse(
+        return response_cls(
             info=common_pb2.ServiceInfo(
                 role=ROLE,
                 model=info["model"],

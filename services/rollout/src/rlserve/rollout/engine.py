@@ -141,6 +141,8 @@ class ControllerSettings:
     seed: int
     kept_update_results: int
     worker_call_timeout_s: float
+    serve_reference: bool = False
+    """Workers hold frozen initial weights and answer ComputeRefLogProb."""
 
 
 class RolloutController:
@@ -244,6 +246,37 @@ class RolloutController:
             "tokens_per_s": tokens / max(elapsed_s, 1e-9),
         }
         return Batch(result.tensors, meta={"weights_version": version}), metrics
+
+    async def compute_ref_log_prob(
+        self, batch: Batch, deadline: Deadline = NO_DEADLINE
+    ) -> tuple[Batch, dict[str, float]]:
+        """ref_log_probs [N, R] under the initial weights (ReferenceService, merged here).
+
+        No lock: the reference weights never change, so updates need not wait for it."""
+        if not self.settings.serve_reference:
+            raise RpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this rollout service holds no reference weights: deploy it with "
+                "serve_reference: true, or call the reference service",
+            )
+        settings = self.settings
+        batch = check_sequences(batch, settings.vocab_size, settings.max_batch_samples)
+        temperature = _temperature(batch, settings.temperature)
+        work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
+        deadline.check("ComputeRefLogProb")
+        start = time.perf_counter()
+        result = await self._call(
+            self.workers.run_split("compute_ref_log_prob", work, temperature=temperature),
+            deadline,
+            "ComputeRefLogProb",
+        )
+        metrics = {
+            "forward_s": time.perf_counter() - start,
+            "tokens": float(batch["response_mask"].sum()),
+            "rows": float(len(batch)),
+            "temperature": temperature,
+        }
+        return Batch(result.tensors, meta={"weights_version": 0}), metrics
 
     async def update_actor(
         self, step: int, weights_version: int, batch: Batch, deadline: Deadline = NO_DEADLINE
@@ -528,4 +561,5 @@ def controller_settings(
         seed=config.seed,
         kept_update_results=config.kept_update_results,
         worker_call_timeout_s=config.worker_call_timeout_s,
+        serve_reference=config.serve_reference,
     )

@@ -104,6 +104,7 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
         "seed": config.seed,
         "torch_threads": config.torch_threads_per_worker,
         "logprob_micro_batch_samples": config.logprob_micro_batch_samples,
+        "serve_reference": config.serve_reference,
         "optimizer": OptimizerSettings(
             lr=config.lr,
             weight_decay=config.weight_decay,
@@ -145,6 +146,7 @@ class ActorWorker:
         logprob_micro_batch_samples: int,
         optimizer: OptimizerSettings,
         loss: PolicyLossSettings,
+        serve_reference: bool = False,
     ):
         torch.set_num_threads(torch_threads)
         self.rank, self.world_size = rank, world_size
@@ -158,6 +160,8 @@ class ActorWorker:
         # would otherwise create a world-size-1 default group of its own.
         self.engine: Any = None
         self.generation: GenerationEngine | None = None
+        self.serve_reference = serve_reference
+        self.reference: torch.nn.Module | None = None
 
     # ---- set-up ---------------------------------------------------------------------
 
@@ -180,6 +184,9 @@ class ActorWorker:
         self.generation = make_generation_engine(
             self.engine_name, self.model_path, self.dtype, self.seed
         )
+        if self.serve_reference:
+            self.reference = load_causal_lm(self.model_path, self.dtype).eval()
+            self.reference.requires_grad_(False)
 
     def model_limits(self) -> dict[str, int]:
         """vocab_size (ids must be below it) and max_positions of the policy."""
@@ -256,12 +263,30 @@ class ActorWorker:
     ) -> Batch:
         """log_probs [N, R] (and entropy [N, R]) of the responses, 0 outside response_mask."""
         self.engine.eval()
+        return self._score(self.engine, "rollout.forward", batch, temperature, return_entropy)
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, batch: Batch, temperature: float = 1.0) -> Batch:
+        """ref_log_probs [N, R] under the frozen initial weights (serve_reference)."""
+        if self.reference is None:
+            raise RuntimeError("this worker holds no reference weights (serve_reference is off)")
+        scored = self._score(self.reference, "reference.forward", batch, temperature, False)
+        return Batch(tensors={"ref_log_probs": scored["log_probs"]})
+
+    def _score(
+        self,
+        model: torch.nn.Module,
+        span_name: str,
+        batch: Batch,
+        temperature: float,
+        return_entropy: bool,
+    ) -> Batch:
         log_probs, entropies = [], []
         for micro in batch.chunk(self.logprob_micro_batch_samples):
-            with tracing.span("rollout.forward", batch_size=len(micro)):
+            with tracing.span(span_name, batch_size=len(micro)):
                 mask = micro["response_mask"].bool()
                 logits = response_logits(
-                    self.engine,
+                    model,
                     micro["input_ids"],
                     micro["attention_mask"],
                     micro["responses"].shape[1],

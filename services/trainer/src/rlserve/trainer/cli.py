@@ -4,6 +4,8 @@
   rlserve resume RUN_DIR [section.field=value ...]          continue from the last checkpoint
   rlserve config [--config FILE] [--describe] [overrides]   print the resolved config / fields
   rlserve trace report FILE... [--step N] [--timeline PNG]  where each PPO step's time went
+  rlserve service deploy|scale|remove|status|release-placement ...
+                                        one service on a running cluster (service_ops.py)
 
 Config errors exit with status 2 before anything starts, naming the field.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from rlserve.core.config import ConfigError, describe_config, dump_config, load_config
 from rlserve.core.run_config import RunConfig
+from rlserve.trainer import service_ops
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     trace_commands.add_parser(
         "report", help="critical path, time per service and stage, RPC overhead, timeline PNG"
     )
+    service_ops.add_parser(commands)
     return parser
 
 
@@ -56,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return trace_report.main(argv[2:])
     args = _parser().parse_args(argv)
+    if args.command == "service":
+        try:
+            return service_ops.run(args)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except (KeyError, RuntimeError, TimeoutError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     try:
         if args.command == "resume":
             config = load_config(RunConfig, args.run_dir / "config.yaml", args.overrides)

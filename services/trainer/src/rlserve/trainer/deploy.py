@@ -59,7 +59,9 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         },
         "reward": reward_args(config),
     }
-    if config.needs_reference:
+    if config.needs_reference and config.placement.reference_in_rollout:
+        apps["rollout"]["serve_reference"] = True
+    elif config.needs_reference:
         apps["reference"] = {
             "model_path": model_dir,
             "dtype": config.model.dtype,
@@ -80,8 +82,12 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         }
     for role, placement in worker_placements(config, apps).items():
         apps[role]["placement"] = placement
-        # torch threads per worker follow the bundle's CPUs
-        apps[role]["num_cpus_per_worker"] = max(1.0, placement["bundles"][0].get("CPU", 1.0))
+        # A worker's torch threads follow its bundle's CPUs (critic and reference derive
+        # them from num_cpus_per_worker, the rollout has its own field).
+        cpus = placement["bundles"][placement["bundle_offset"]].get("CPU", 1.0)
+        apps[role]["num_cpus_per_worker"] = max(1.0, cpus)
+        if role == "rollout":
+            apps[role]["torch_threads_per_worker"] = max(1, int(cpus))
     tracing = config.trainer.tracing.model_dump()
     return {role: {**args, "tracing": tracing} for role, args in apps.items()}
 
@@ -124,6 +130,13 @@ def reserve_placement_groups(apps: dict[str, dict[str, Any]]) -> None:
         if role != "reward" and placement and placement["group_name"] not in seen:
             seen.add(placement["group_name"])
             ensure_placement_group(WorkerPlacementConfig(**placement))
+
+
+def reference_application(config: RunConfig) -> str | None:
+    """The Serve app that answers ReferenceService calls in this run, if any."""
+    if not config.needs_reference:
+        return None
+    return "rollout" if config.placement.reference_in_rollout else "reference"
 
 
 def critic_model_path(config: RunConfig, model_dir: str) -> str:

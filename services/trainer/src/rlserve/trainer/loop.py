@@ -39,6 +39,7 @@ from rlserve.trainer.checkpoint import (
     write_trainer_state,
 )
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
+from rlserve.trainer.deploy import reference_application
 from rlserve.v1 import (
     critic_pb2,
     critic_pb2_grpc,
@@ -66,15 +67,17 @@ class Clients:
         policy = RetryPolicy(retries=config.trainer.rpc_retries)
         timeout_s = config.trainer.rpc_timeout_s
 
-        def client(stub_cls: type, role: str) -> ServiceClient | None:
-            if role not in roles:
+        def client(stub_cls: type, app: str | None) -> ServiceClient | None:
+            if app is None or app not in roles:
                 return None
-            return ServiceClient(channel, stub_cls, role, timeout_s, policy)
+            return ServiceClient(channel, stub_cls, app, timeout_s, policy)
 
+        # the rollout app itself answers ReferenceService when the reference is merged
+        reference_app = reference_application(config)
         return cls(
             rollout=client(rollout_pb2_grpc.RolloutServiceStub, "rollout"),
             reward=client(reward_pb2_grpc.RewardServiceStub, "reward"),
-            reference=client(reference_pb2_grpc.ReferenceServiceStub, "reference"),
+            reference=client(reference_pb2_grpc.ReferenceServiceStub, reference_app),
             critic=client(critic_pb2_grpc.CriticServiceStub, "critic"),
         )
 

@@ -1,0 +1,147 @@
+"""Run config → each service's deploy args: pools become shared placement groups with
+per-role bundle offsets, reward gets its pool's nodes and its scaling; `rlserve service
+scale` edits only what it should."""
+
+import pytest
+
+from rlserve.core.config import ConfigError, validate_config
+from rlserve.core.run_config import RunConfig
+from rlserve.trainer.deploy import service_args
+from rlserve.trainer.service_ops import scaled_app
+
+GPU = {"CPU": 2, "GPU": 1}
+
+
+def _config(**placement_and_more) -> RunConfig:
+    reward = placement_and_more.pop("reward", {})
+    return validate_config(
+        RunConfig,
+        {
+            "actor": {"workers": 2, "micro_batch_samples": 16},
+            "critic": {"workers": 1},
+            "reward": reward,
+            "placement": placement_and_more,
+        },
+    )
+
+
+def test_roles_in_one_pool_share_its_group_with_their_own_bundles():
+    config = _config(
+        pools={
+            "global_pool": {
+                "label_selector": {"rlserve.io/pool": "gpu"},
+                "strategy": "STRICT_PACK",
+            },
+            "reward_pool": {"label_selector": {"rlserve.io/pool": "cheap"}},
+        },
+        roles={
+            "rollout": {"pool": "global_pool", "worker_resources": GPU},
+            "critic": {"pool": "global_pool", "worker_resources": {"CPU": 1, "GPU_group": 0.5}},
+            "reference": {"pool": "global_pool", "worker_resources": GPU},
+            "reward": {"pool": "reward_pool", "worker_resources": {"CPU": 0.5, "cheap_cpu": 1}},
+        },
+        timeout_s=30,
+    )
+    apps = service_args(config, "/models/policy")
+    bundles = [GPU, GPU, {"CPU": 1, "GPU_group": 0.5}, GPU]
+    for role, offset in (("rollout", 0), ("critic", 2), ("reference", 3)):
+        placement = apps[role]["placement"]
+        assert placement == {
+            "group_name": "rlserve-global_pool",
+            "pool": "global_pool",
+            "bundles": bundles,
+            "bundle_offset": offset,
+            "strategy": "STRICT_PACK",
+            "label_selector": {"rlserve.io/pool": "gpu"},
+            "timeout_s": 30,
+        }
+    assert apps["rollout"]["num_cpus_per_worker"] == 2
+    assert apps["reward"]["placement"] == {
+        "label_selector": {"rlserve.io/pool": "cheap"},
+        "resources": {"cheap_cpu": 1},
+    }
+    assert apps["reward"]["num_cpus_per_replica"] == 0.5
+
+
+def test_roles_in_different_pools_get_different_groups():
+    config = _config(
+        pools={"actor_pool": {"strategy": "STRICT_PACK"}, "critic_pool": {"strategy": "SPREAD"}},
+        roles={"rollout": {"pool": "actor_pool"}, "critic": {"pool": "critic_pool"}},
+    )
+    apps = service_args(config, "/m")
+    assert apps["rollout"]["placement"]["group_name"] == "rlserve-actor_pool"
+    assert apps["critic"]["placement"]["group_name"] == "rlserve-critic_pool"
+    assert apps["critic"]["placement"]["bundle_offset"] == 0
+    assert "placement" not in apps["reference"]  # left to Ray
+    assert "placement" not in apps["reward"]
+
+
+def test_no_placement_section_leaves_every_service_to_ray():
+    apps = service_args(_config(), "/m")
+    assert not any("placement" in args for args in apps.values())
+
+
+def test_reward_scaling_reaches_the_service():
+    auto = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2}
+    apps = service_args(_config(reward={"autoscaling": auto}), "/m")
+    assert apps["reward"]["autoscaling_config"]["max_replicas"] == 8
+    assert "num_replicas" not in apps["reward"]
+    apps = service_args(_config(reward={"num_replicas": 4}), "/m")
+    assert apps["reward"]["num_replicas"] == 4
+
+
+@pytest.mark.parametrize(
+    ("placement", "path", "message"),
+    [
+        (
+            {"pools": {}, "roles": {"rollout": {"pool": "gpu"}}},
+            "placement.roles.rollout.pool",
+            "no pool 'gpu'",
+        ),
+        (
+            {
+                "pools": {"c": {}},
+                "roles": {"reward": {"pool": "c", "worker_resources": {"GPU": 1}}},
+            },
+            "placement.roles.reward.worker_resources.GPU",
+            "reward never takes a GPU",
+        ),
+        (
+            {
+                "pools": {"c": {}},
+                "roles": {"rollout": {"pool": "c", "worker_resources": {"CPU": 0}}},
+            },
+            "placement.roles.rollout.worker_resources",
+            "asks for nothing",
+        ),
+    ],
+)
+def test_bad_placement_is_a_config_error_naming_the_field(placement, path, message):
+    with pytest.raises(ConfigError) as error:
+        validate_config(RunConfig, {"placement": placement})
+    assert any(p == path and message in m for p, m in error.value.issues), error.value.issues
+
+
+def test_reward_scaling_excludes_a_fixed_count():
+    with pytest.raises(ConfigError, match="set either num_replicas or autoscaling"):
+        validate_config(
+            RunConfig, {"reward": {"num_replicas": 2, "autoscaling": {"max_replicas": 4}}}
+        )
+
+
+def test_scale_switches_between_fixed_and_autoscaling_and_refuses_stateful_apps():
+    app = {"name": "reward", "args": {"kinds": {}, "num_replicas": 1}}
+    auto = scaled_app(app, None, 2, 8, 3.0)
+    assert "num_replicas" not in auto["args"]
+    assert auto["args"]["autoscaling_config"] == {
+        "min_replicas": 2,
+        "max_replicas": 8,
+        "target_ongoing_requests": 3.0,
+    }
+    assert app["args"]["num_replicas"] == 1  # the declared config is not edited in place
+    fixed = scaled_app(auto, 4, None, None, None)
+    assert fixed["args"]["num_replicas"] == 4 and "autoscaling_config" not in fixed["args"]
+    with pytest.raises(ConfigError, match="scale its data-parallel workers instead"):
+        scaled_app({"name": "rollout", "args": {}}, 2, None, None, None)
+    with pytest.raises(ConfigError, match="--replicas excludes --min/--max"):
+        scaled_app(app, 2, 1, 4, None)
