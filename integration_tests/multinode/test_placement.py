@@ -197,3 +197,45 @@ def test_resources_held_by_other_work_time_out_with_what_is_free(pool_cluster, e
         assert not release_placement_group("rlserve-p")  # the failed group was removed
     finally:
         ray.util.remove_placement_group(hog)
+
+
+def test_critic_spread_onto_another_node_than_the_actor(pool_cluster, embedded, tmp_path):
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={"kl_ctrl": {"kl_coef": 0.0}},  # no reference: actor and critic only
+        placement={
+            "pools": {"gpu": {"label_selector": {POOL_LABEL: "gpu"}, "strategy": "STRICT_SPREAD"}},
+            "roles": {
+                "rollout": {"pool": "gpu", "worker_resources": GPU_WORKER},
+                "critic": {"pool": "gpu", "worker_resources": GPU_WORKER},
+            },
+        },
+    )
+    apps = service_args(config, run_inputs(embedded).model_dir)
+    assert set(apps) == {"rollout", "critic", "reward"}
+    reserve_placement_groups(apps)
+    deploy_services(apps, timeout_s=300)
+    where = verify_placement(config, apps)
+    channel = grpc.insecure_channel(pool_cluster.grpc_address)
+    actor_nodes = {
+        node
+        for node, _ in _workers(
+            rollout_pb2_grpc.RolloutServiceStub(channel),
+            rollout_pb2.RolloutServiceGetInfoRequest(),
+            (("application", "rollout"),),
+        )
+    }
+    critic_nodes = {
+        node
+        for node, _ in _workers(
+            critic_pb2_grpc.CriticServiceStub(channel),
+            critic_pb2.CriticServiceGetInfoRequest(),
+            (("application", "critic"),),
+        )
+    }
+    assert actor_nodes == set(where["rollout"]) and critic_nodes == set(where["critic"])
+    assert actor_nodes | critic_nodes <= pool_cluster.nodes_in("gpu")
+    assert not actor_nodes & critic_nodes
+    for role in ("rollout", "critic", "reward"):
+        remove_application(role, timeout_s=120)
+    assert release_placement_group("rlserve-gpu")
