@@ -91,6 +91,10 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
     trainer = trainer_pb2_grpc.TrainerServiceStub(control)
     status = trainer.GetStatus(trainer_pb2.GetStatusRequest(), timeout=30)
     assert status.state == trainer_pb2.RUN_STATE_RUNNING and status.total_steps == TOTAL_STEPS
+    health = {service.role: service for service in status.services}
+    assert sorted(health) == ["critic", "reference", "reward", "rollout"]
+    assert all(service.healthy for service in health.values()), status.services
+    assert health["rollout"].weights_version >= steps_at_redeploy_end
     stop_after = trainer.Stop(trainer_pb2.StopRequest(checkpoint=False), timeout=30).after_step
     run.join(timeout=600)
     control.close()

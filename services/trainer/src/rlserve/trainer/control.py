@@ -2,14 +2,33 @@
 
 It runs in the trainer's event loop on its own port (the trainer is a process, not a
 Serve replica); requests only set flags that the loop acts on between steps, so a
-checkpoint or stop never interrupts a step half-way.
+checkpoint or stop never interrupts a step half-way. GetStatus also asks every service
+the run uses for its GetInfo (concurrently, a few seconds at most) and reports each one's
+health and weights version.
 """
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
-from rlserve.v1 import trainer_pb2, trainer_pb2_grpc
+from rlserve.v1 import (
+    critic_pb2,
+    reference_pb2,
+    reward_pb2,
+    rollout_pb2,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
+
+HEALTH_TIMEOUT_S = 5.0
+_INFO_REQUESTS = {
+    "rollout": rollout_pb2.RolloutServiceGetInfoRequest,
+    "critic": critic_pb2.CriticServiceGetInfoRequest,
+    "reference": reference_pb2.ReferenceServiceGetInfoRequest,
+    "reward": reward_pb2.RewardServiceGetInfoRequest,
+}
 
 
 @dataclass
@@ -29,12 +48,40 @@ class RunControl:
     next_checkpoint_path: str = ""
 
 
+async def service_status(role: str, client: Any) -> trainer_pb2.ServiceStatus:
+    """One service's health from its GetInfo (one try, HEALTH_TIMEOUT_S)."""
+    try:
+        response = await asyncio.wait_for(
+            client.stub.GetInfo(
+                _INFO_REQUESTS[role](),
+                metadata=[("application", client.application)],
+                timeout=HEALTH_TIMEOUT_S,
+            ),
+            HEALTH_TIMEOUT_S + 1,
+        )
+    except (grpc.aio.AioRpcError, TimeoutError) as error:
+        detail = (
+            f"{error.code().name}: {error.details()}"
+            if isinstance(error, grpc.aio.AioRpcError)
+            else f"no answer within {HEALTH_TIMEOUT_S:g} s"
+        )
+        return trainer_pb2.ServiceStatus(role=role, healthy=False, detail=detail)
+    return trainer_pb2.ServiceStatus(
+        role=role, healthy=True, weights_version=response.info.weights_version
+    )
+
+
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
-    def __init__(self, control: RunControl):
+    def __init__(self, control: RunControl, clients: dict[str, Any] | None = None):
         self.control = control
+        self.clients = clients or {}  # role -> ServiceClient of the services in use
 
     async def GetStatus(self, request, context):
         control = self.control
+        statuses = await asyncio.gather(
+            *(service_status(role, client) for role, client in self.clients.items())
+        )
+        control.services = {status.role: status for status in statuses}
         return trainer_pb2.GetStatusResponse(
             state=control.state,
             step=control.step,
@@ -59,10 +106,14 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.StopResponse(after_step=self.control.step + 1)
 
 
-async def serve_control(control: RunControl, port: int) -> tuple[grpc.aio.Server, int]:
-    """Starts the control service on 127.0.0.1:port (0 = any); returns (server, port)."""
+async def serve_control(
+    control: RunControl, port: int, clients: dict[str, Any] | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Starts the control service on 127.0.0.1:port (0 = any); returns (server, port).
+    `clients` (role -> ServiceClient) are the services GetStatus reports on."""
     server = grpc.aio.server()
-    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(control), server)
+    servicer = TrainerServicer(control, clients)
+    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server, bound

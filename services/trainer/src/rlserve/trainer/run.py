@@ -174,7 +174,10 @@ async def _train_on_services(
     control = RunControl(total_steps=config.trainer.total_steps, run_dir=str(run_dir))
     server = None
     if config.trainer.control_port is not None:
-        server, port = await serve_control(control, config.trainer.control_port)
+        in_use = {
+            role: client for role, client in vars(trainer.clients).items() if client is not None
+        }
+        server, port = await serve_control(control, config.trainer.control_port, in_use)
         (run_dir / "control_address").write_text(f"127.0.0.1:{port}\n")
 
     if resume_from is not None:

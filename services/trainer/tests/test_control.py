@@ -1,0 +1,41 @@
+"""The trainer's control service over real gRPC: Stop and RequestCheckpoint set the flags
+the loop honours, and GetStatus reports a service that does not answer as unhealthy with
+the reason (the healthy path runs in integration_tests/test_live_redeploy.py)."""
+
+import asyncio
+
+import grpc
+
+from rlserve.core.cluster import free_port
+from rlserve.core.rpc import ServiceClient, open_channel
+from rlserve.trainer.control import RunControl, serve_control
+from rlserve.v1 import reward_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+
+
+async def _exercise() -> tuple[RunControl, trainer_pb2.GetStatusResponse, int, int]:
+    nobody = open_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
+    reward = ServiceClient(nobody, reward_pb2_grpc.RewardServiceStub, "reward", timeout_s=2)
+    control = RunControl(state=trainer_pb2.RUN_STATE_RUNNING, step=3, total_steps=10)
+    server, port = await serve_control(control, 0, {"reward": reward})
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        trainer = trainer_pb2_grpc.TrainerServiceStub(channel)
+        status = await trainer.GetStatus(trainer_pb2.GetStatusRequest(), timeout=30)
+        checkpoint = await trainer.RequestCheckpoint(
+            trainer_pb2.RequestCheckpointRequest(), timeout=10
+        )
+        stop = await trainer.Stop(trainer_pb2.StopRequest(checkpoint=True), timeout=10)
+    await server.stop(None)
+    await nobody.close()
+    return control, status, checkpoint.after_step, stop.after_step
+
+
+def test_control_service_sets_flags_and_reports_an_unreachable_service():
+    control, status, checkpoint_after, stop_after = asyncio.run(_exercise())
+    assert status.step == 3 and status.total_steps == 10
+    assert status.state == trainer_pb2.RUN_STATE_RUNNING
+    [reward] = status.services
+    assert reward.role == "reward" and not reward.healthy
+    assert reward.detail.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")), reward.detail
+    assert checkpoint_after == 4 and stop_after == 4
+    assert control.checkpoint_requested and control.stop_requested and control.checkpoint_on_stop
+    assert control.state == trainer_pb2.RUN_STATE_STOPPING
