@@ -1,6 +1,7 @@
 """A few PPO/GRPO steps through every service over the Serve gRPC port."""
 
 import asyncio
+import itertools
 import math
 import shutil
 from pathlib import Path
@@ -48,6 +49,34 @@ def test_ppo_with_critic(serve_cluster, embedded, tmp_path):
     assert summary.accuracy_before is not None and summary.accuracy_after is not None
     assert Path(summary.curves_png).stat().st_size > 0
     assert read_trainer_state(Path(summary.checkpoint))["step"] == 3
+
+
+def test_adaptive_kl_coefficient_follows_the_measured_kl(serve_cluster, embedded, tmp_path):
+    target_kl, horizon = 1e-3, 100
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={
+            "kl_ctrl": {
+                "kind": "adaptive",
+                "kl_coef": 0.05,
+                "target_kl": target_kl,
+                "horizon": horizon,
+            }
+        },
+        actor={"lr": 1e-2},  # move the policy so the KL leaves zero quickly
+        trainer={"total_steps": 4},
+    )
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
+    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    assert records[0]["kl_coef"] == pytest.approx(0.05)
+    samples = records[0]["samples"]
+    for before, after in itertools.pairwise(records):
+        error = min(max(before["kl_mean"] / target_kl - 1, -0.2), 0.2)
+        expected = before["kl_coef"] * (1 + error * samples / horizon)
+        assert after["kl_coef"] == pytest.approx(expected, rel=1e-6)
+    assert records[-1]["kl_coef"] != pytest.approx(0.05, rel=1e-3)
 
 
 def test_grpo_without_critic(serve_cluster, embedded, tmp_path):
