@@ -7,6 +7,15 @@ from rlserve.core.run_config import RunConfig
 from rlserve.trainer.deploy import deploy_services, service_args
 from rlserve.trainer.run import RunInputs
 
+TRACED_SERVICES = {
+    "rlserve-trainer",
+    "rlserve-rollout",
+    "rlserve-reference",
+    "rlserve-critic",
+    "rlserve-reward",
+}
+"""service.name of every process a traced PPO step crosses."""
+
 
 def tiny_run_config(run_dir: Path, **sections) -> RunConfig:
     """A run of a few fast steps; `sections` override whole sections' fields."""

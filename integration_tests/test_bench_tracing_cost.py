@@ -12,16 +12,9 @@ from ray import serve
 
 from benchmarks.bench_tracing_cost import MODES, format_table, measure, summarise
 from benchmarks.otlp_sink import OtlpSink
+from integration_tests.support import TRACED_SERVICES as SERVICES
 from integration_tests.support import run_inputs, tiny_run_config
 from rlserve.core import tracing
-
-SERVICES = {
-    "rlserve-trainer",
-    "rlserve-rollout",
-    "rlserve-reference",
-    "rlserve-critic",
-    "rlserve-reward",
-}
 
 
 @pytest.mark.slow

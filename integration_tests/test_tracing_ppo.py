@@ -24,17 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from integration_tests.support import TRACED_SERVICES as SERVICES
 from integration_tests.support import fresh_services, run_inputs, tiny_run_config
 from rlserve.trainer import cli, trace_report
 from rlserve.trainer.run import RunSummary, train_on_services
 
-SERVICES = {
-    "rlserve-trainer",
-    "rlserve-rollout",
-    "rlserve-reference",
-    "rlserve-critic",
-    "rlserve-reward",
-}
 RPCS = {
     "RolloutService/GenerateSequences",
     "RolloutService/ComputeLogProb",

@@ -72,10 +72,6 @@ class WorkerPlacementConfig(ConfigModel):
                 raise ValueError(f"bundle {index} has negative amounts {negative}")
         return bundles
 
-    def bundles_for(self, workers: int) -> list[dict[str, float]]:
-        """The bundles of `workers` workers starting at bundle_offset."""
-        return self.bundles[self.bundle_offset : self.bundle_offset + workers]
-
     def require_room_for(self, workers: int, field: str = "workers") -> None:
         """ConfigError unless the group has a bundle for every worker."""
         room = len(self.bundles) - self.bundle_offset
@@ -100,17 +96,19 @@ def actor_resource_options(bundle: Mapping[str, float]) -> dict[str, Any]:
     return options
 
 
+def _visible(resources: Mapping[str, float]) -> dict[str, float]:
+    return {
+        name: amount for name, amount in resources.items() if not name.startswith(_HIDDEN_RESOURCES)
+    }
+
+
 def alive_nodes() -> list[dict[str, Any]]:
     """Alive nodes as {node_id, labels, resources (totals)}."""
     return [
         {
             "node_id": node["NodeID"],
             "labels": dict(node.get("Labels") or {}),
-            "resources": {
-                name: amount
-                for name, amount in node["Resources"].items()
-                if not name.startswith(_HIDDEN_RESOURCES)
-            },
+            "resources": _visible(node["Resources"]),
         }
         for node in ray.nodes()
         if node["Alive"]
@@ -253,11 +251,7 @@ def _wait_placed(group: PlacementGroup, placement: WorkerPlacementConfig) -> Non
     deadline = time.monotonic() + placement.timeout_s
     while not group.wait(timeout_seconds=min(5.0, placement.timeout_s)):
         if time.monotonic() >= deadline:
-            free = {
-                name: amount
-                for name, amount in ray.available_resources().items()
-                if not name.startswith(_HIDDEN_RESOURCES)
-            }
+            free = _visible(ray.available_resources())
             remove_placement_group(group)
             raise PlacementError(
                 f"pool {placement.pool!r}: placement group {placement.group_name!r} "
