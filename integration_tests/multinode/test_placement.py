@@ -64,7 +64,7 @@ def test_every_role_runs_in_its_pool_and_a_step_trains(pool_cluster, embedded, t
     inputs = run_inputs(embedded)
     apps = service_args(config, inputs.model_dir)
     reserve_placement_groups(apps)
-    deploy_services(apps, timeout_s=300)
+    deploy_services(apps, timeout_s=300, replace_different=True)
     where = verify_placement(config, apps)
 
     gpu_nodes, cheap_nodes = pool_cluster.nodes_in("gpu"), pool_cluster.nodes_in("cheap")
@@ -214,7 +214,7 @@ def test_critic_spread_onto_another_node_than_the_actor(pool_cluster, embedded, 
     apps = service_args(config, run_inputs(embedded).model_dir)
     assert set(apps) == {"rollout", "critic", "reward"}
     reserve_placement_groups(apps)
-    deploy_services(apps, timeout_s=300)
+    deploy_services(apps, timeout_s=300, replace_different=True)
     where = verify_placement(config, apps)
     channel = grpc.insecure_channel(pool_cluster.grpc_address)
     actor_nodes = {

@@ -319,3 +319,31 @@ def test_config_model_base_settings():
     with pytest.raises(ConfigError) as info:
         validate_config(Tiny, {"y": 2})
     assert "did you mean 'x'" not in str(info.value)  # too far from 'x' to guess
+
+
+def test_settings_json_redacts_secret_fields():
+    import json
+
+    from rlserve.core.config import SECRET, ConfigModel, settings_json
+
+    class Api(ConfigModel):
+        url: str
+        """Endpoint."""
+        headers: dict[str, str] = pydantic.Field(default_factory=dict, json_schema_extra=SECRET)
+        """Secret headers."""
+
+    class Service(ConfigModel):
+        apis: list[Api]
+        """APIs."""
+        lr: float = 0.1
+        """Learning rate."""
+
+    config = Service(apis=[Api(url="http://x", headers={"Authorization": "Bearer s3cret"})])
+    text = settings_json(config)
+    assert "s3cret" not in text
+    assert json.loads(text) == {
+        "apis": [{"url": "http://x", "headers": "<redacted>"}],
+        "lr": 0.1,
+    }
+    # An empty secret shows as empty: nothing to hide.
+    assert json.loads(settings_json(Api(url="u")))["headers"] == {}

@@ -147,10 +147,10 @@ def test_rollout_log_probs_equal_compute_log_prob(service):
 
 def test_update_trains_syncs_generation_and_bumps_version(service):
     batch = service.update_batch(advantage=1.0)
-    version, before = service.controller.weights_version, service.worker.state_dict()
+    version, before = service.controller.weights_version, service.worker.policy_weights()
     result = service.update_actor(service.controller.last_applied_step + 1, version, batch)
     assert not result.replayed and result.weights_version == version + 1
-    after = service.worker.state_dict()
+    after = service.worker.policy_weights()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     for key in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm", "lr", "update_s"):
         assert math.isfinite(result.metrics[key]), key
@@ -172,16 +172,16 @@ def test_replayed_step_returns_stored_result_and_does_not_train(service):
     batch = service.update_batch()
     step, version = service.controller.last_applied_step + 1, service.controller.weights_version
     first = service.update_actor(step, version, batch)
-    weights = service.worker.state_dict()
+    weights = service.worker.policy_weights()
     # a retry carries the original (now stale) version: still answered by the replay
     again = service.update_actor(step, version, batch)
     assert again.replayed and again.metrics == first.metrics
     assert again.weights_version == first.weights_version == service.controller.weights_version
-    assert all(torch.equal(w, service.worker.state_dict()[k]) for k, w in weights.items())
+    assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
     # replayed by step alone (the contract): another batch under that step trains nothing
     different = service.update_batch(advantage=-1.0)
     assert service.update_actor(step, version, different) == again
-    assert all(torch.equal(w, service.worker.state_dict()[k]) for k, w in weights.items())
+    assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
 
 
 def test_old_steps_whose_result_is_gone_are_rejected(service):
@@ -230,13 +230,13 @@ def test_checkpoint_restores_weights_version_and_replays(service, tmp_path):
     saved_version, saved_step = service.save_checkpoint(str(tmp_path))
     assert (tmp_path / "model" / "model.safetensors").exists()
     assert (tmp_path / "model" / "tokenizer.json").exists()
-    saved_weights = service.worker.state_dict()
+    saved_weights = service.worker.policy_weights()
     probe = service.update_batch()
     probe_scores, _ = service.compute_log_prob(probe)
     service.update_actor(saved_step + 1, saved_version, probe)
     assert service.controller.weights_version == saved_version + 1
     assert service.load_checkpoint(str(tmp_path)) == (saved_version, saved_step)
-    restored = service.worker.state_dict()
+    restored = service.worker.policy_weights()
     assert all(torch.equal(saved_weights[k], restored[k]) for k in saved_weights)
     scores, _ = service.compute_log_prob(probe)
     assert torch.equal(scores["log_probs"], probe_scores["log_probs"])
@@ -265,3 +265,80 @@ def test_update_plan_is_the_same_whatever_the_worker_count():
         )
     for epoch in range(2):
         assert sorted(one[epoch * 12 : (epoch + 1) * 12].tolist()) == list(range(12))
+
+
+def test_lora_actor_trains_adapters_and_keeps_its_base_as_the_reference(
+    process_group, tiny_model_dir, tmp_path
+):
+    from transformers import AutoModelForCausalLM
+
+    lora = Service(tiny_model_dir, lora_rank=4, lora_alpha=8.0, serve_reference=True)
+    worker = lora.worker
+    assert worker.reference is None  # no second copy: the base with adapters off
+    trainable = {n for n, p in worker.engine.module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in name for name in trainable)
+    batch = lora.update_batch(advantage=1.0)
+    reference_before = worker.compute_ref_log_prob(batch)["ref_log_probs"]
+    # Adapters start at B = 0: policy = base = reference.
+    torch.testing.assert_close(reference_before, batch["old_log_probs"], atol=1e-5, rtol=0)
+    base_before = {k: v.clone() for k, v in worker.policy_weights().items()}
+
+    lora.update_actor(lora.controller.last_applied_step + 1, lora.controller.weights_version, batch)
+    merged = worker.policy_weights()
+    assert merged.keys() == base_before.keys()  # the plain model's names
+    assert any(not torch.equal(merged[k], base_before[k]) for k in merged)
+    rescored, _ = lora.compute_log_prob(batch)
+    mask = batch["response_mask"].bool()
+    assert rescored["log_probs"][mask].mean() > batch["old_log_probs"][mask].mean()
+    # The reference did not move, and equals the plain initial model's scores.
+    reference_after = worker.compute_ref_log_prob(batch)["ref_log_probs"]
+    assert torch.equal(reference_after, reference_before)
+    # Generation runs the merged weights: its log-probs match the trainer's.
+    fresh, _ = lora.generate(prompts_batch(), SAMPLING)
+    scored, _ = lora.compute_log_prob(fresh)
+    torch.testing.assert_close(scored["log_probs"], fresh["rollout_log_probs"], atol=1e-4, rtol=0)
+
+    lora.save_checkpoint(str(tmp_path))
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert all(torch.equal(plain.state_dict()[k], merged[k]) for k in merged)
+
+
+def test_lora_refuses_zero_stage_3(tiny_model_dir):
+    with pytest.raises(Exception, match="zero_stage: 3 partitions the base weights"):
+        RolloutServiceConfig(model_path=str(tiny_model_dir), lora_rank=4, zero_stage=3)
+
+
+class CallRecorder:
+    """Wraps a generation engine and records the calls the worker makes on it."""
+
+    RECORDED = ("sleep", "wake_up", "load_weights", "generate")
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        attribute = getattr(self.engine, name)
+        if name not in self.RECORDED:
+            return attribute
+
+        def recorded(*args, **kwargs):
+            self.calls.append(name)
+            return attribute(*args, **kwargs)
+
+        return recorded
+
+
+def test_update_sleeps_the_generation_engine_and_wakes_it_for_the_sync(service, monkeypatch):
+    """vllm.sleep_while_training's protocol (no-ops for 'hf'): sleep before training,
+    wake before the weight load, and wake before generating (an update that failed
+    half-way leaves the engine asleep)."""
+    recorder = CallRecorder(service.worker.generation)
+    monkeypatch.setattr(service.worker, "generation", recorder)
+    batch = service.update_batch()
+    assert recorder.calls == ["wake_up", "generate"]
+    recorder.calls.clear()
+    step, version = service.controller.last_applied_step + 1, service.controller.weights_version
+    service.update_actor(step, version, batch)
+    assert recorder.calls == ["sleep", "wake_up", "load_weights"]

@@ -8,6 +8,7 @@ token-for-token agreement with transformers is then a real check, not a tie brok
 the same way by luck. Reference = transformers in fp32 on the same weights.
 """
 
+import inspect
 import os
 import subprocess
 import sys
@@ -23,8 +24,9 @@ from rlserve.core.embedded.task import addition_rows
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.core.embedded.warmup import supervised_warmup
 from rlserve.core.modeling import load_causal_lm, log_probs_from_logits
+from rlserve.core.vllm_config import VllmConfig
 from rlserve.rollout.generation import SamplingSettings
-from rlserve.rollout.vllm_engine import VLLMGenerationEngine
+from rlserve.rollout.vllm_engine import GIB, VLLMGenerationEngine, current_platform
 
 PROMPT_TEXTS = ["12+34=", "7+8=", "99+1=", "50+50=", "3+45=", "hello"]
 # Longer than vLLM's CPU KV block (128 tokens): only full blocks enter the prefix cache,
@@ -48,6 +50,9 @@ LOG_PROB_ATOL = 1e-4
 MIN_GREEDY_MARGIN = 1e-3
 # The tiny model needs ≈ 1 KiB of KV cache per token; keep several engines cheap.
 KV_CACHE_GIB = 0.25
+# Below the model's 256 positions (and above the long prompt + 8 tokens): a setting that
+# must reach vLLM, not the default read from the model config.
+MAX_MODEL_LEN = 192
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +90,9 @@ def built(model_dir) -> dict:
     torch.manual_seed(5)
     expected_draw = torch.rand(3)
     torch.manual_seed(5)
-    engine = VLLMGenerationEngine(str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB)
+    engine = VLLMGenerationEngine(
+        str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB, max_model_len=MAX_MODEL_LEN
+    )
     return {
         "engine": engine,
         "rng_kept": torch.equal(torch.rand(3), expected_draw),
@@ -270,6 +277,38 @@ def test_unsupported_head_size_is_refused_up_front(tiny_model_dir):
     # The shared fixture's model has head size 16: no vLLM CPU attention kernel for it.
     with pytest.raises(ValueError, match="head size 16"):
         VLLMGenerationEngine(str(tiny_model_dir), "float32", seed=0)
+
+
+def test_settings_reach_vllm(engine):
+    config = engine.llm.llm_engine.vllm_config
+    assert config.cache_config.kv_cache_memory_bytes == int(KV_CACHE_GIB * GIB)
+    assert config.cache_config.gpu_memory_utilization == VllmConfig().gpu_memory_utilization
+    assert config.model_config.max_model_len == engine.max_model_len == MAX_MODEL_LEN
+    assert config.model_config.enforce_eager is True
+    assert config.model_config.enable_sleep_mode is False
+
+
+def test_engine_keywords_are_the_config_fields():
+    """The worker passes VllmConfig.model_dump() as keyword arguments: same names, same
+    defaults, so no field can be dropped or renamed on the way."""
+    parameters = inspect.signature(VLLMGenerationEngine).parameters.values()
+    keywords = {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY}
+    assert keywords == VllmConfig().model_dump()
+
+
+def test_sleep_mode_is_refused_where_vllm_has_none(model_dir):
+    if current_platform.is_sleep_mode_available():
+        pytest.skip("this vLLM build has sleep mode (one engine per process: not built here)")
+    with pytest.raises(ValueError, match=r"^vllm\.sleep_while_training: .* no sleep mode; set it"):
+        VLLMGenerationEngine(str(model_dir), "float32", sleep_while_training=True)
+
+
+def test_sleep_and_wake_up_do_nothing_when_sleep_is_off(engine, prompts):
+    before = engine.generate(prompts, GREEDY).response_ids
+    engine.sleep()
+    assert not engine.asleep
+    engine.wake_up()
+    assert engine.generate(prompts, GREEDY).response_ids == before
 
 
 def test_construction_keeps_rngs_and_threads(built):

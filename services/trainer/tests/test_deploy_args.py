@@ -145,3 +145,29 @@ def test_scale_switches_between_fixed_and_autoscaling_and_refuses_stateful_apps(
         scaled_app({"name": "rollout", "args": {}}, 2, None, None, None)
     with pytest.raises(ConfigError, match="--replicas excludes --min/--max"):
         scaled_app(app, 2, 1, 4, None)
+
+
+def test_settings_differences_lists_each_changed_setting():
+    from rlserve.trainer.deploy import IMPORT_PATHS, settings_differences
+
+    wanted = service_args(_config(), "/m")
+    deployed = {
+        "rollout": {
+            "import_path": IMPORT_PATHS["rollout"],
+            "args": {**wanted["rollout"], "logprob_micro_batch_samples": 4, "lr": 1.0},
+        },
+        "critic": {"import_path": IMPORT_PATHS["critic"], "args": dict(wanted["critic"])},
+        "reward": {"import_path": "my.reward:app", "args": {}},
+    }
+    assert settings_differences(wanted, deployed) == [
+        f"rollout.logprob_micro_batch_samples: deployed 4, run wants "
+        f"{wanted['rollout']['logprob_micro_batch_samples']}",
+        f"rollout.lr: deployed 1.0, run wants {wanted['rollout']['lr']}",
+        f"reward: import_path 'my.reward:app', run wants '{IMPORT_PATHS['reward']}'",
+    ]
+    # A setting the deployed app has and the run does not set is a difference too.
+    deployed["critic"]["args"]["extra_knob"] = 1
+    assert settings_differences({"critic": wanted["critic"]}, deployed) == [
+        "critic.extra_knob: deployed 1, run wants '<unset>'"
+    ]
+    assert settings_differences(wanted, {}) == []

@@ -39,12 +39,14 @@ import yaml
 from pydantic import ConfigDict
 
 __all__ = [
+    "SECRET",
     "ConfigError",
     "ConfigModel",
     "apply_overrides",
     "describe_config",
     "dump_config",
     "load_config",
+    "settings_json",
     "validate_config",
 ]
 
@@ -242,6 +244,34 @@ def dump_config(model: ConfigModel) -> str:
     )
 
 
+SECRET: dict[str, Any] = {"secret": True}
+"""`Field(json_schema_extra=SECRET)` marks a field whose value settings_json hides."""
+REDACTED = "<redacted>"
+
+
+def settings_json(model: ConfigModel) -> str:
+    """The model as JSON (what a service reports about itself), secrets redacted."""
+    import json
+
+    return json.dumps(_redacted(model), sort_keys=True)
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, pydantic.BaseModel):
+        out = {}
+        for name, field in type(value).model_fields.items():
+            item = getattr(value, name)
+            extra = field.json_schema_extra
+            secret = isinstance(extra, dict) and extra.get("secret") and item
+            out[name] = REDACTED if secret else _redacted(item)
+        return out
+    if isinstance(value, Mapping):
+        return {str(key): _redacted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(item) for item in value]
+    return pydantic_core.to_jsonable_python(value)
+
+
 def _plain(value: Any) -> Any:
     """Data YAML can write: containers as dict/list, scalars as is (inf stays inf, unlike
     pydantic's JSON mode, which writes null), anything else as pydantic's JSON form."""
@@ -310,17 +340,16 @@ def _unknown_field_message(root: type[pydantic.BaseModel], loc: tuple) -> str:
 
 def _suggest(key: str, names: Sequence[str]) -> str | None:
     """Closest field name to a mistyped `key`, or None when nothing is plausibly meant."""
-    lowered = {n.lower(): n for n in names}
-    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.6)
-    if close:
-        return lowered[close[0]]
-    # Word-level containment catches 'lr_rate' -> 'lr' and 'seed' -> 'data_seed'.
+    ratio = lambda n: difflib.SequenceMatcher(None, key.lower(), n.lower()).ratio()  # noqa: E731
+    # Whole words first: 'lr_rate' means 'lr' (not the letter-wise closer 'lora_rank'),
+    # 'seed' means 'data_seed'.
     words = set(key.lower().split("_"))
     related = [n for n in names if (w := set(n.lower().split("_"))) <= words or words <= w]
-    if not related:
-        return None
-    ratio = lambda n: difflib.SequenceMatcher(None, key.lower(), n.lower()).ratio()  # noqa: E731
-    return max(related, key=ratio)
+    if related:
+        return max(related, key=ratio)
+    lowered = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
 
 
 def _model_at(root: type[pydantic.BaseModel], loc: Sequence[str | int]):

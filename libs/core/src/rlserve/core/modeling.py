@@ -39,6 +39,9 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[label] without materialising the full log-softmax.
 
+    With `response_logits`, the plain full-logits computation: services score with the
+    memory-bounded rlserve.core.response_scoring, and tests check it equals this.
+
     Shape: logits (B, R, V), labels (B, R) -> (B, R)
     """
     logits = logits.float()

@@ -24,6 +24,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.devices import DeviceSetting
+from rlserve.core.vllm_config import VllmConfig
 
 __all__ = [
     "EMBEDDED_DEFAULT_CONFIG_PATH",
@@ -157,7 +159,14 @@ class DataConfig(ConfigModel):
     ground_truth_key: str = "ground_truth"
     """Column (jsonl key) holding the reference answer passed to the reward."""
     max_prompt_tokens: int = Field(64, ge=1)
-    """Prompts longer than this many tokens are dropped when the dataset is loaded."""
+    """Longest prompt, in tokens as the tokenizer encodes it (BOS included); longer ones
+    are handled as long_prompts says. Plus rollout.max_new_tokens, it must fit the model's
+    max_position_embeddings."""
+    long_prompts: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
+    """Prompts over max_prompt_tokens: 'drop' leaves the row out; 'truncate_left' cuts
+    tokens off the start and keeps the end (where a chat template puts the generation
+    prompt); 'truncate_right' keeps the start and cuts the end; 'error' fails the run,
+    naming the first such row. The run prints how many rows were dropped or cut."""
     arithmetic: ArithmeticTaskConfig = Field(default_factory=ArithmeticTaskConfig)
     """The embedded task; used only where train_path / eval_path is None."""
     seed: int = 0
@@ -189,6 +198,9 @@ class RolloutConfig(ConfigModel):
 
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: transformers 'generate' or vLLM."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """vLLM engine settings (KV cache, context length, CUDA graphs, sleep while
+    training); used when engine is 'vllm'. Passed to the rollout service as they are."""
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature; 0 means greedy decoding."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -205,6 +217,9 @@ class RolloutConfig(ConfigModel):
     """Greedy held-out evaluation every this many PPO steps; 0 turns it off."""
     eval_prompts: int = Field(500, ge=1)
     """Held-out prompts per evaluation (fewer if the eval set is smaller)."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one rollout-service request may carry or produce (prompts × responses);
+    larger requests are refused. Must hold a whole step's samples."""
 
     @field_validator("top_k")
     @classmethod
@@ -254,12 +269,49 @@ class ActorConfig(ConfigModel):
     """DeepSpeed ZeRO stage (0 = plain data parallel)."""
     workers: int = Field(1, ge=1)
     """Data-parallel training workers (DeepSpeed ranks)."""
+    device: DeviceSetting = "auto"
+    """Where each actor worker trains and generates: 'cuda' (one GPU per worker bundle,
+    NCCL between ranks), 'cpu' (gloo), or 'auto' = CUDA when the worker sees a GPU."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    logprob_micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward pass of ComputeLogProb on one worker (and of the reference
+    when it is merged into the rollout)."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
+    few long sequences make a small micro-batch; None = by sample count only."""
+    logits_chunk_tokens: int = Field(1024, ge=1)
+    """Response tokens per LM-head chunk when scoring and training: peak logits memory
+    is ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them (less memory for long
+    sequences, ≈ one more forward of compute)."""
+    lora_rank: int = Field(0, ge=0)
+    """Rank of LoRA adapters on the actor's linear layers (lora_target_modules); only the
+    adapters train, generation gets merged weights, and the reference is the base with
+    adapters off. 0 trains the full weights."""
+    lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank."""
+    lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' (every
+    linear layer but the LM head)."""
+    kept_update_results: int = Field(16, ge=1)
+    """Results of the most recent UpdateActor steps the service keeps to answer a
+    retried step without training twice."""
+    worker_call_timeout_s: float = Field(1800.0, gt=0)
+    """Upper bound on one call from the rollout service to its workers, in seconds."""
 
     @model_validator(mode="after")
     def _kl_loss_has_weight(self) -> ActorConfig:
         if self.use_kl_loss and self.kl_loss_coef == 0:
             raise ConfigError(
                 "kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off"
+            )
+        if self.lora_rank and self.zero_stage == 3:
+            raise ConfigError(
+                "zero_stage",
+                "3 partitions the base weights that LoRA merges for generation; use "
+                "zero_stage 0-2 with lora_rank > 0",
             )
         return self
 
@@ -287,6 +339,43 @@ class CriticConfig(ConfigModel):
     """DeepSpeed ZeRO stage (0 = plain data parallel)."""
     workers: int = Field(1, ge=1)
     """Data-parallel training workers (DeepSpeed ranks)."""
+    device: DeviceSetting = "auto"
+    """Where each critic worker computes: 'cuda', 'cpu' or 'auto' (as actor.device)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    forward_micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward pass of ComputeValues on one worker."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
+    few long sequences make a small micro-batch; None = by sample count only."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How token value losses become one number: mean over all tokens, or per-sequence
+    sum/mean then mean over sequences."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one critic request may carry; must hold a whole step's samples."""
+
+
+class ReferenceConfig(ConfigModel):
+    """The frozen reference policy (reference.ComputeRefLogProb); used when the run has a
+    KL penalty or KL loss. Merged into the rollout (placement.reference_in_rollout), it
+    runs inside the actor's workers with the actor's settings instead."""
+
+    workers: int = Field(1, ge=1)
+    """Data-parallel workers of the reference service."""
+    device: DeviceSetting = "auto"
+    """Where each reference worker computes: 'cuda', 'cpu' or 'auto' (as actor.device)."""
+    micro_batch_samples: int = Field(64, ge=1)
+    """Samples per forward pass on one worker."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
+    few long sequences make a small micro-batch; None = by sample count only."""
+    logits_chunk_tokens: int = Field(1024, ge=1)
+    """Response tokens per LM-head chunk (peak logits memory ≈ 3 × this × vocabulary
+    floats)."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one reference request may carry; must hold a whole step's samples."""
 
 
 # --- algorithm --------------------------------------------------------------------------
@@ -395,6 +484,14 @@ class RewardConfig(ConfigModel):
     flight per replica); excludes num_replicas."""
     max_ongoing_requests: int = Field(8, ge=1)
     """Calls one reward replica handles at once."""
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most samples one ComputeReward call may carry; must hold a whole step's samples."""
+    torch_threads: int = Field(1, ge=1)
+    """torch intra-op threads per replica (reward-model forward passes)."""
+    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype the reward model is loaded in; used when kind is 'model'."""
+    model_micro_batch_samples: int = Field(16, ge=1)
+    """Samples per reward-model forward pass; used when kind is 'model'."""
 
     @model_validator(mode="after")
     def _kind_has_its_setting(self) -> RewardConfig:
@@ -564,6 +661,10 @@ class TrainerConfig(ConfigModel):
     0 picks a free port (written to run_dir/control_address), None serves none."""
     deploy_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for the services to be deployed and running, in seconds."""
+    replace_deployed_services: bool = False
+    """On a cluster where a service is already deployed with other settings than this run
+    asks for, replace it with this run's (true) or stop before deploying and list the
+    differences (false)."""
     serve_grpc_port: int = Field(0, ge=0, le=65535)
     """Port of Serve's gRPC proxy, where the services answer; 0 picks a free port (local
     cluster only: with ray_address set, give the port the cluster's Serve uses)."""
@@ -595,6 +696,8 @@ class RunConfig(ConfigModel):
     """Policy training."""
     critic: CriticConfig = Field(default_factory=CriticConfig)
     """Value-model training; ignored unless algorithm.adv_estimator is 'gae'."""
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    """The frozen reference policy; ignored when the run uses no KL."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     """Advantages and KL."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
@@ -653,9 +756,45 @@ class RunConfig(ConfigModel):
                         f"{estimator!r} advantages are all zero; use a temperature > 0",
                     )
                 )
+        issues += self._request_size_issues()
+        issues += self._vllm_context_issues()
         if issues:
             raise ConfigError(issues)
         return self
+
+    def _vllm_context_issues(self) -> list[tuple[str, str]]:
+        """vLLM's max_model_len must hold the longest prompt plus its response."""
+        limit = self.rollout.vllm.max_model_len
+        need = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        if self.rollout.engine != "vllm" or limit is None or limit >= need:
+            return []
+        return [
+            (
+                "rollout.vllm.max_model_len",
+                f"{limit} is below data.max_prompt_tokens {self.data.max_prompt_tokens} + "
+                f"rollout.max_new_tokens {self.rollout.max_new_tokens}; raise it to at least "
+                f"{need}, or null for the model's own context",
+            )
+        ]
+
+    def _request_size_issues(self) -> list[tuple[str, str]]:
+        """Each service must accept a whole step's samples in one request."""
+        limits = {"rollout.max_batch_samples": self.rollout.max_batch_samples}
+        limits["reward.max_batch_samples"] = self.reward.max_batch_samples
+        if self.needs_critic:
+            limits["critic.max_batch_samples"] = self.critic.max_batch_samples
+        if self.needs_reference and not self.placement.reference_in_rollout:
+            limits["reference.max_batch_samples"] = self.reference.max_batch_samples
+        samples = self.samples_per_step
+        return [
+            (
+                field,
+                f"{limit} is below the {samples} samples of a step (trainer.prompts_per_step × "
+                f"rollout.responses_per_prompt); raise it to at least {samples}",
+            )
+            for field, limit in limits.items()
+            if limit < samples
+        ]
 
     def _batch_issues(
         self, role: str, section: ActorConfig | CriticConfig

@@ -25,11 +25,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+import torch
 from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
+from rlserve.core.devices import deepspeed_accelerator, distributed_backend, worker_gpus
 from rlserve.core.placement import (
     WorkerPlacementConfig,
     actor_resource_options,
@@ -45,18 +47,25 @@ def distributed_address() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
-def init_process_group(rank: int, world_size: int, address: str, port: int) -> None:
-    """Joins the group with gloo through DeepSpeed (which reads these variables)."""
-    import deepspeed  # imported here: only training workers need it
-
+def init_process_group(
+    rank: int, world_size: int, address: str, port: int, device: torch.device | None = None
+) -> None:
+    """Joins the group through DeepSpeed (which reads these variables): NCCL for CUDA
+    workers, gloo on the CPU. A worker sees only its own GPU, so LOCAL_RANK is 0."""
+    device = device or torch.device("cpu")
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK="0",
         WORLD_SIZE=str(world_size),
         MASTER_ADDR=address,
         MASTER_PORT=str(port),
+        DS_ACCELERATOR=deepspeed_accelerator(device),
     )
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    import deepspeed  # imported here, after DS_ACCELERATOR: only training workers need it
+
+    deepspeed.init_distributed(dist_backend=distributed_backend(device), auto_mpi_discovery=False)
 
 
 def _setup_worker_tracing(worker: Any, setup: tracing.TracingSetup, rank: int) -> None:
@@ -103,7 +112,8 @@ class WorkerGroup:
 
     With `placement`, worker i runs in bundle `bundle_offset + i` of that named placement
     group (created if missing) and asks for exactly that bundle's resources; without it,
-    each worker asks for `num_cpus_per_worker` and Ray picks the node. Creation fails
+    each worker asks for `num_cpus_per_worker` (and a GPU when its `device` setting calls
+    for one: devices.worker_gpus) and Ray picks the node. Creation fails
     within schedule_timeout_s, naming the shortfall, when the cluster cannot place the
     workers (Ray would otherwise leave them pending forever).
     """
@@ -117,6 +127,7 @@ class WorkerGroup:
         placement: WorkerPlacementConfig | None = None,
         name_prefix: str | None = None,
         schedule_timeout_s: float = 120.0,
+        device: str = "cpu",
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers: must be >= 1, got {num_workers}")
@@ -124,10 +135,11 @@ class WorkerGroup:
         if placement is not None:
             placement.require_room_for(num_workers)
             group = ensure_placement_group(placement)
+        gpus = worker_gpus(device)
         remote_cls = ray.remote(worker_cls)
         self.workers = []
         for rank in range(num_workers):
-            options: dict[str, Any] = {"num_cpus": num_cpus_per_worker}
+            options: dict[str, Any] = {"num_cpus": num_cpus_per_worker, "num_gpus": gpus}
             if group is not None:
                 bundle_index = placement.bundle_offset + rank
                 options = actor_resource_options(placement.bundles[bundle_index])

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.devices import DeviceSetting
 from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
 
@@ -31,6 +32,12 @@ class CriticServiceConfig(ConfigModel):
     """Parameter dtype of the model (bfloat16/float16 turn on DeepSpeed's mixed precision)."""
     workers: int = Field(1, ge=1)
     """Data-parallel workers (DeepSpeed ranks), one Ray actor each."""
+    device: DeviceSetting = "auto"
+    """Where each worker computes: 'cuda' (its bundle's GPU; ranks use NCCL), 'cpu'
+    (gloo), or 'auto' = CUDA when the worker sees a GPU."""
+    gradient_checkpointing: bool = False
+    """Recompute the backbone's activations in backward instead of keeping them (less
+    memory for long sequences, ≈ one more forward of compute)."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
     """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least 1)."""
     placement: WorkerPlacementConfig | None = None
@@ -59,6 +66,9 @@ class CriticServiceConfig(ConfigModel):
     """Clip the global gradient norm to this value."""
     forward_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeValues on one worker."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × (longest prompt + longest response)
+    in it), so a few long sequences make a small micro-batch; None = by sample count only."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)

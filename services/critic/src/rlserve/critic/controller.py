@@ -68,6 +68,9 @@ def worker_kwargs(config: CriticServiceConfig) -> dict[str, Any]:
         "loss_agg_mode": config.loss_agg_mode,
         "grad_clip": config.grad_clip,
         "forward_micro_batch_samples": config.forward_micro_batch_samples,
+        "forward_max_tokens": config.forward_max_tokens,
+        "device": config.device,
+        "gradient_checkpointing": config.gradient_checkpointing,
     }
 
 
@@ -81,6 +84,7 @@ def start_worker_group(config: CriticServiceConfig) -> Any:
         worker_kwargs(config),
         num_cpus_per_worker=config.num_cpus_per_worker,
         placement=config.placement,
+        device=config.device,
     )
 
 

@@ -15,6 +15,7 @@ from importlib.metadata import version
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.config import settings_json
 from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import CriticController, start_worker_group
@@ -68,6 +69,7 @@ class CriticDeployment:
                 for w in workers
             ],
             rlserve_version=version("rlserve-critic"),
+            settings_json=settings_json(self.config),
         )
         return critic_pb2.CriticServiceGetInfoResponse(info=info)
 

@@ -27,7 +27,9 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
+from rlserve.core.devices import resolve_device
 from rlserve.core.ppo_math import value_loss
+from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.training import (
     build_training_engine,
     full_state_dict,
@@ -89,8 +91,12 @@ class CriticWorker:
         loss_agg_mode: str,
         grad_clip: float,
         forward_micro_batch_samples: int,
+        device: str = "auto",
+        gradient_checkpointing: bool = False,
+        forward_max_tokens: int | None = None,
     ):
         torch.set_num_threads(num_threads)
+        self.device = resolve_device(device)
         self.rank = rank
         self.world_size = world_size
         self.dtype = dtype
@@ -103,7 +109,10 @@ class CriticWorker:
         self.loss_agg_mode = loss_agg_mode
         self.grad_clip = grad_clip
         self.forward_micro_batch_samples = forward_micro_batch_samples
-        self.model = load_value_model(model_path, dtype)
+        self.forward_max_tokens = forward_max_tokens
+        self.model = load_value_model(model_path, dtype).to(self.device)
+        if gradient_checkpointing:
+            self.model.backbone.gradient_checkpointing_enable({"use_reentrant": False})
         self.engine: Any = None
 
     # ---- process group ----------------------------------------------------------------
@@ -113,7 +122,7 @@ class CriticWorker:
 
     def init_distributed(self, address: str, port: int) -> None:
         """Joins the gloo group, then wraps the model in its DeepSpeed engine."""
-        init_process_group(self.rank, self.world_size, address, port)
+        init_process_group(self.rank, self.world_size, address, port, self.device)
         self.engine = build_training_engine(
             self.model,
             lr=self.lr,
@@ -141,19 +150,29 @@ class CriticWorker:
     # ---- work ---------------------------------------------------------------------------
 
     def _values(self, batch: Batch) -> torch.Tensor:
-        """Response values [n, R] (through the engine, so ZeRO-3 gathers its shards)."""
-        response_mask = batch.tensors["response_mask"]
-        values = self.engine(batch.tensors["input_ids"], batch.tensors["attention_mask"])
-        return response_values(values, response_mask, response_mask.shape[1])
+        """Response values [n, R] on the worker's device (through the engine, so ZeRO-3
+        gathers its shards); padding columns no row uses are not computed."""
+        response_mask = batch.tensors["response_mask"].to(self.device)
+        input_ids, attention_mask, kept = trim_padding(
+            batch.tensors["input_ids"].to(self.device),
+            batch.tensors["attention_mask"].to(self.device),
+            response_mask,
+        )
+        values = self.engine(input_ids, attention_mask)
+        kept_values = response_values(values, response_mask[:, :kept], kept)
+        return torch.nn.functional.pad(kept_values, (0, response_mask.shape[1] - kept))
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """values [n, R] float32 for a sequence batch, in forward micro-batches."""
         self.engine.eval()
         chunks = []
-        for micro in batch.chunk(self.forward_micro_batch_samples):
+        micro_batches = forward_micro_batches(
+            batch, self.forward_micro_batch_samples, self.forward_max_tokens
+        )
+        for micro in micro_batches:
             with tracing.span("critic.forward", batch_size=len(micro)):
-                chunks.append(self._values(micro))
+                chunks.append(self._values(micro).cpu())
         response_len = batch.tensors["responses"].shape[1]
         values = torch.cat(chunks) if chunks else torch.zeros(0, response_len)
         return Batch(tensors={"values": values})
@@ -179,6 +198,7 @@ class CriticWorker:
                 )
             with tracing.span("critic.mini_batch", index=mini_index, batch_size=len(mini.rows)):
                 for index, micro in enumerate(micro_batches):
+                    micro = micro.to(self.device)
                     mask = micro.tensors["response_mask"]
                     with tracing.span("critic.forward", batch_size=len(micro)):
                         values = self._values(micro)

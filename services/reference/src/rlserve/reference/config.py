@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigModel
+from rlserve.core.devices import DeviceSetting
 from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
 
@@ -18,6 +19,12 @@ class ReferenceServiceConfig(ConfigModel):
     """Parameter dtype of the model; log-probs are computed in float32 either way."""
     workers: int = Field(1, ge=1)
     """Data-parallel workers, one Ray actor each; a request's rows are split over them."""
+    device: DeviceSetting = "auto"
+    """Where each worker computes: 'cuda' (its bundle's GPU), 'cpu', or 'auto' = CUDA
+    when the worker sees a GPU."""
+    logits_chunk_tokens: int = Field(1024, ge=1)
+    """Response tokens per LM-head chunk: peak logits memory is ≈ 3 × this × vocabulary
+    floats, whatever the batch and sequence length."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
     """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least 1)."""
     placement: WorkerPlacementConfig | None = None
@@ -26,6 +33,9 @@ class ReferenceServiceConfig(ConfigModel):
     num_cpus_per_worker only sets torch threads); None = Ray picks nodes."""
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass on one worker."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × (longest prompt + longest response)
+    in it), so a few long sequences make a small micro-batch; None = by sample count only."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
     temperature: float = Field(1.0, gt=0)

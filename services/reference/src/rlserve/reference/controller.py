@@ -40,6 +40,9 @@ def worker_kwargs(config: ReferenceServiceConfig) -> dict[str, Any]:
         "dtype": config.dtype,
         "num_threads": max(1, int(config.num_cpus_per_worker)),
         "micro_batch_samples": config.micro_batch_samples,
+        "device": config.device,
+        "logits_chunk_tokens": config.logits_chunk_tokens,
+        "forward_max_tokens": config.forward_max_tokens,
     }
 
 
@@ -53,6 +56,7 @@ def start_worker_group(config: ReferenceServiceConfig) -> Any:
         worker_kwargs(config),
         num_cpus_per_worker=config.num_cpus_per_worker,
         placement=config.placement,
+        device=config.device,
     )
 
 

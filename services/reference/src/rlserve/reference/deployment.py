@@ -12,6 +12,7 @@ from importlib.metadata import version
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.config import settings_json
 from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.controller import ReferenceController, start_worker_group
@@ -52,5 +53,6 @@ class ReferenceDeployment:
                 for w in workers
             ],
             rlserve_version=version("rlserve-reference"),
+            settings_json=settings_json(self.config),
         )
         return reference_pb2.ReferenceServiceGetInfoResponse(info=info)

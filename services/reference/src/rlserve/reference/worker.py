@@ -2,8 +2,8 @@
 
 The model is loaded once, put in eval mode with every parameter frozen, and only ever
 runs under `torch.no_grad()`: no optimizer, no gradients, no state that changes. Log-probs
-come from rlserve.core.modeling (`response_logits` + `log_probs_from_logits`), the same
-functions the rollout service uses for ComputeLogProb, so before any actor update the two
+come from rlserve.core.response_scoring (`score_responses`), the same function the
+rollout service uses for ComputeLogProb, so before any actor update the two
 agree by construction (an integration test checks it through both services).
 
 Used as a Ray actor by WorkerGroup, and in-process by unit tests. `init_distributed`
@@ -19,7 +19,13 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.modeling import load_causal_lm, log_probs_from_logits, response_logits
+from rlserve.core.devices import resolve_device
+from rlserve.core.modeling import load_causal_lm
+from rlserve.core.response_scoring import (
+    DEFAULT_CHUNK_TOKENS,
+    forward_micro_batches,
+    score_responses,
+)
 from rlserve.core.workers import distributed_address, init_process_group
 
 
@@ -34,19 +40,25 @@ class ReferenceWorker:
         dtype: str,
         num_threads: int,
         micro_batch_samples: int,
+        device: str = "auto",
+        logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        forward_max_tokens: int | None = None,
     ):
         torch.set_num_threads(num_threads)
         self.rank = rank
         self.world_size = world_size
         self.micro_batch_samples = micro_batch_samples
-        self.model = load_causal_lm(model_path, dtype).eval()
+        self.logits_chunk_tokens = logits_chunk_tokens
+        self.forward_max_tokens = forward_max_tokens
+        self.device = resolve_device(device)
+        self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
         self.model.requires_grad_(False)
 
     def node_address(self) -> tuple[str, int]:
         return distributed_address()
 
     def init_distributed(self, address: str, port: int) -> None:
-        init_process_group(self.rank, self.world_size, address, port)
+        init_process_group(self.rank, self.world_size, address, port, self.device)
 
     def info(self) -> dict[str, Any]:
         """Rank, placement and model facts for GetInfo and request validation."""
@@ -69,16 +81,21 @@ class ReferenceWorker:
         """
         response_len = batch.tensors["responses"].shape[1]
         chunks = []
-        for micro in batch.chunk(self.micro_batch_samples):
+        micro_batches = forward_micro_batches(
+            batch, self.micro_batch_samples, self.forward_max_tokens
+        )
+        for micro in micro_batches:
+            micro = micro.to(self.device)
             with tracing.span("reference.forward", batch_size=len(micro)):
-                logits = response_logits(
+                scores = score_responses(
                     self.model,
                     micro.tensors["input_ids"],
                     micro.tensors["attention_mask"],
-                    response_len,
+                    micro.tensors["responses"],
+                    micro.tensors["response_mask"],
                     temperature,
+                    chunk_tokens=self.logits_chunk_tokens,
                 )
-                log_probs = log_probs_from_logits(logits, micro.tensors["responses"])
-                chunks.append(log_probs * micro.tensors["response_mask"])
+                chunks.append(scores.log_probs.cpu())
         log_probs = torch.cat(chunks) if chunks else torch.zeros(0, response_len)
         return Batch(tensors={"ref_log_probs": log_probs})

@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.config import SECRET, ConfigError, ConfigModel
 from rlserve.core.run_config import AutoscalingConfig, TracingConfig
 from rlserve.reward.rules import resolve_rule
 
@@ -77,7 +77,7 @@ class HttpKindConfig(ConfigModel):
     """Endpoint receiving one POST per sample (format in this module's docstring)."""
     weight: float = Field(1.0, allow_inf_nan=False)
     """Weight of this kind's score in the combined score (may be 0 or negative)."""
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, json_schema_extra=SECRET)
     """Extra request headers, e.g. {"Authorization": "Bearer ..."}."""
     timeout_s: float = Field(3.0, gt=0, allow_inf_nan=False)
     """Per-request timeout in seconds (connect + response), for every attempt."""

@@ -21,7 +21,7 @@ from ray import serve
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
-from rlserve.core.config import validate_config
+from rlserve.core.config import settings_json, validate_config
 from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
@@ -81,6 +81,7 @@ class RewardDeployment:
                 )
             ],
             rlserve_version=_package_version(),
+            settings_json=settings_json(self._config),
         )
         return reward_pb2.RewardServiceGetInfoResponse(
             info=info, kind_weights=self._engine.kind_weights

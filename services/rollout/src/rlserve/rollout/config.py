@@ -15,8 +15,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.devices import DeviceSetting
 from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
+from rlserve.core.vllm_config import VllmConfig
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -33,9 +35,29 @@ class RolloutServiceConfig(ConfigModel):
     turn on DeepSpeed's mixed precision)."""
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: transformers `generate` ('hf') or vLLM in-process ('vllm')."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """vLLM engine settings (KV cache, context length, sleep while training); used when
+    engine is 'vllm'. The trainer passes its `rollout.vllm` here."""
     workers: int = Field(1, ge=1)
     """Data-parallel workers (DeepSpeed ranks), one Ray actor each, each with its own
     generation engine."""
+    device: DeviceSetting = "auto"
+    """Where each worker computes: 'cuda' (its bundle's GPU; ranks use NCCL), 'cpu'
+    (gloo), or 'auto' = CUDA when the worker sees a GPU."""
+    gradient_checkpointing: bool = False
+    """Recompute the model's activations in backward instead of keeping them (less
+    memory for long sequences, ≈ one more forward of compute)."""
+    lora_rank: int = Field(0, ge=0)
+    """Rank of LoRA adapters on every linear layer but the LM head (lora_target_modules);
+    only the adapters train and the reference is the base with adapters off. 0 trains
+    the full weights."""
+    lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
+    lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names (e.g. [q_proj, v_proj]) that get adapters, or 'all-linear'."""
+    logits_chunk_tokens: int = Field(1024, ge=1)
+    """Response tokens per LM-head chunk when scoring and training: peak logits memory is
+    ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
     """Ray CPUs reserved per worker."""
     torch_threads_per_worker: int = Field(1, ge=1)
@@ -89,6 +111,9 @@ class RolloutServiceConfig(ConfigModel):
     'temperature' (GenerateSequences stamps the sampling temperature into its batches)."""
     logprob_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeLogProb on one worker."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × (longest prompt + longest response)
+    in it), so a few long sequences make a small micro-batch; None = by sample count only."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry or produce (prompts × responses for generation);
     larger requests get RESOURCE_EXHAUSTED."""
@@ -108,6 +133,14 @@ class RolloutServiceConfig(ConfigModel):
         if self.placement is not None:
             self.placement.require_room_for(self.workers)
         issues: list[tuple[str, str]] = []
+        if self.lora_rank and self.zero_stage == 3:
+            issues.append(
+                (
+                    "zero_stage",
+                    "3 partitions the base weights that LoRA merges for generation; use "
+                    "zero_stage 0-2 with lora_rank > 0",
+                )
+            )
         if self.use_kl_loss and self.kl_loss_coef == 0:
             issues.append(
                 ("kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off")

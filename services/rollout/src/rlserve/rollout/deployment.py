@@ -19,6 +19,7 @@ import ray
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.config import settings_json
 from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
@@ -50,12 +51,14 @@ class RolloutDeployment:
 
     def __init__(self, config: RolloutServiceConfig):
         setup_replica_tracing(ROLE, config.tracing)  # before the workers: they inherit it
+        self.config = config
         workers = WorkerGroup(
             ActorWorker,
             config.workers,
             actor_worker_kwargs(config),
             num_cpus_per_worker=config.num_cpus_per_worker,
             placement=config.placement,
+            device=config.device,
         )
         limits = ray.get(workers.workers[0].model_limits.remote())
         self.controller = RolloutController(workers, controller_settings(config, **limits))
@@ -129,6 +132,7 @@ class RolloutDeployment:
                 last_applied_step=info["last_applied_step"],
                 workers=[common_pb2.WorkerInfo(**worker) for worker in info["workers"]],
                 rlserve_version=package_version("rlserve-rollout"),
+                settings_json=settings_json(self.config),
             )
         )
 

@@ -56,3 +56,11 @@ class GenerationEngine(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replaces the engine's weights with the actor's (HF parameter names)."""
         ...
+
+    def sleep(self) -> None:
+        """Frees what the engine can give up while the actor trains (or does nothing)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undoes `sleep` (a no-op when awake); required before generate / load_weights."""
+        ...

@@ -32,8 +32,10 @@ class HFGenerationEngine:
 
     name = "hf"
 
-    def __init__(self, model_path: str, dtype: str = "float32"):
-        self.model = load_causal_lm(model_path, dtype).eval().requires_grad_(False)
+    def __init__(self, model_path: str, dtype: str = "float32", device: torch.device | None = None):
+        self.device = device or torch.device("cpu")
+        self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
+        self.model.requires_grad_(False)
         tokenizer = load_tokenizer(model_path)
         self.pad_token_id: int = tokenizer.pad_token_id
         self.eos_token_ids: frozenset[int] = _eos_token_ids(self.model, tokenizer)
@@ -65,23 +67,27 @@ class HFGenerationEngine:
             output_logits=sampling.return_log_probs,
             use_cache=True,
         )
-        with torch.random.fork_rng(devices=[], enabled=sampling.seed is not None):
+        cuda_devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda_devices, enabled=sampling.seed is not None):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             output = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
             )
         new_tokens = output.sequences[:, input_ids.shape[1] :]
-        lengths = self._response_lengths(new_tokens, stop_at_eos=not sampling.ignore_eos)
+        host_tokens = new_tokens.cpu()
+        lengths = self._response_lengths(host_tokens, stop_at_eos=not sampling.ignore_eos)
         response_ids = [
-            row[:length].tolist() for row, length in zip(new_tokens, lengths, strict=True)
+            row[:length].tolist() for row, length in zip(host_tokens, lengths, strict=True)
         ]
         log_probs = None
         if sampling.return_log_probs:
             temperature = 1.0 if greedy else sampling.temperature
             # output.logits: one [rows, V] tensor per step, before any logits processor.
             logits = torch.stack(output.logits, dim=1).float() / temperature
-            picked = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1))
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).cpu()
             log_probs = [
                 row[:length].tolist()
                 for row, length in zip(picked.squeeze(-1), lengths, strict=True)
@@ -99,6 +105,12 @@ class HFGenerationEngine:
         untied = [k for k in missing if own[k].data_ptr() not in loaded]
         if untied:
             raise ValueError(f"weights missing for the generation model: {sorted(untied)[:5]}")
+
+    def sleep(self) -> None:
+        """Nothing to free: the KV cache lives only during a generate call."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore (see sleep)."""
 
     def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(ids) for ids in rows)

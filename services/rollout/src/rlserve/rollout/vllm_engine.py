@@ -4,11 +4,22 @@ Choices:
 - In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uniproc executor): the engine core
   runs in the calling thread, so `load_weights` hands tensors to the model directly
   (`collective_rpc("reload_weights", weights_iterator=...)`, tens of ms for the tiny
-  model) instead of pickling them to an engine process. `enforce_eager=True`: no
+  model) instead of pickling them to an engine process. The same executor is why there
+  is no tensor parallelism: one engine, one device, a whole model per data-parallel rank.
+- Settings are rlserve.core.vllm_config.VllmConfig's fields, passed as keyword arguments
+  (its defaults are this constructor's defaults). `enforce_eager` (default on): no
   torch.compile or graph capture, so start-up takes seconds.
 - Memory: the KV cache is sized explicitly (`kv_cache_gib`, default 1 GiB) instead of
   vLLM's CPU default of a fraction of the machine's memory, which would fail where
-  several services share one box; max_model_len comes from the model config.
+  several services share one box; on CUDA `kv_cache_gib=None` lets vLLM size it from
+  `gpu_memory_utilization`. max_model_len defaults to the model config's.
+- Sleep (`sleep_while_training`): `sleep()` is vLLM's sleep level 1 (weights copied to
+  host memory, KV cache discarded), so the actor's training gets the KV cache's GPU
+  memory; `wake_up()` brings both back, and the weight sync then overwrites the weights.
+  Level 2 (weights discarded) would save that copy, but an update that fails before its
+  weight sync would then leave the engine with garbage weights; level 1 keeps it valid.
+  Checked at construction with vLLM's platform API: CPU builds have no sleep mode, and
+  the constructor refuses the setting rather than let vLLM ignore it. Off: both no-ops.
 - Prompts go in as token ids and nothing is detokenized: the worker builds the batch
   tensors from ids, exactly as for the 'hf' engine.
 - Log-probs: `logprobs_mode="processed_logprobs"` with `logprobs=0` returns the sampled
@@ -53,6 +64,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlserve.core.vllm_config import VllmConfig
 from rlserve.rollout.generation import Generated, SamplingSettings
 
 # The engine core must run in this process (weights are passed as tensors, not files);
@@ -77,6 +89,8 @@ _LIVE_ENGINES: weakref.WeakSet[VLLMGenerationEngine] = weakref.WeakSet()
 # In a state dict of a model with tied embeddings but not in its checkpoint files; vLLM
 # skips them on load.
 TIED_NAMES = frozenset({"lm_head.weight"})
+# The constructor's defaults are the config's, so the two cannot drift apart.
+_DEFAULTS = VllmConfig()
 
 
 class VLLMGenerationEngine:
@@ -90,11 +104,19 @@ class VLLMGenerationEngine:
         dtype: str = "float32",
         seed: int = 0,
         *,
-        max_model_len: int | None = None,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: float | None = _DEFAULTS.kv_cache_gib,
+        gpu_memory_utilization: float = _DEFAULTS.gpu_memory_utilization,
+        max_model_len: int | None = _DEFAULTS.max_model_len,
+        enforce_eager: bool = _DEFAULTS.enforce_eager,
+        sleep_while_training: bool = _DEFAULTS.sleep_while_training,
     ):
-        """max_model_len: prompt + response tokens per sequence (None = the model's
-        max_position_embeddings). kv_cache_gib: memory reserved for the KV cache."""
+        """Keyword arguments: the fields of rlserve.core.vllm_config.VllmConfig (their
+        docstrings say what each does)."""
+        if sleep_while_training and not current_platform.is_sleep_mode_available():
+            raise ValueError(
+                f"vllm.sleep_while_training: this vLLM build (platform "
+                f"{current_platform.device_type!r}) has no sleep mode; set it to false"
+            )
         _check_head_size(model_path)
         if any(True for _ in _LIVE_ENGINES):
             raise RuntimeError(
@@ -106,9 +128,12 @@ class VLLMGenerationEngine:
                 model=str(model_path),
                 dtype=dtype,
                 seed=seed,
-                enforce_eager=True,
+                enforce_eager=enforce_eager,
                 max_model_len=max_model_len,
-                kv_cache_memory_bytes=int(kv_cache_gib * GIB),
+                # Set, it overrides gpu_memory_utilization's sizing of the KV cache.
+                kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * GIB),
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=sleep_while_training,
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
             )
@@ -121,10 +146,32 @@ class VLLMGenerationEngine:
             )
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self._checkpoint_shapes = _checkpoint_tensor_shapes(Path(model_path))
+        self.sleep_while_training = sleep_while_training
+        self.asleep = False
         _LIVE_ENGINES.add(self)
+
+    def sleep(self) -> None:
+        """Frees the KV cache (and moves the weights to host memory) while the actor
+        trains; a no-op unless sleep_while_training, or when already asleep."""
+        if self.sleep_while_training and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Brings the weights and KV cache back after `sleep`; a no-op when awake."""
+        if self.asleep:
+            if not self.llm.wake_up():
+                raise RuntimeError("vLLM did not wake up fully after sleep")
+            self.asleep = False
+
+    def _require_awake(self) -> None:
+        # vLLM pauses its scheduler while asleep: a request would not be served, not fail.
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep; call wake_up() first")
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
         """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+        self._require_awake()
         if not prompt_ids:
             return Generated(response_ids=[], log_probs=[] if sampling.return_log_probs else None)
         for row, ids in enumerate(prompt_ids):
@@ -164,6 +211,7 @@ class VLLMGenerationEngine:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replaces the engine's weights with the actor's (HF parameter names)."""
+        self._require_awake()
         # Checked before anything is copied: vLLM would stop half-way on a bad name or
         # shape and leave a mix of old and new weights behind.
         missing = self._checkpoint_shapes.keys() - state_dict.keys()

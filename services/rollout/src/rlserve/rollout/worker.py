@@ -31,13 +31,15 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.modeling import (
-    load_causal_lm,
-    load_tokenizer,
-    log_probs_from_logits,
-    response_logits,
+from rlserve.core.devices import resolve_device
+from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, save_adapter
+from rlserve.core.modeling import load_causal_lm, load_tokenizer
+from rlserve.core.ppo_math import aggregate_loss, kl_loss, policy_loss
+from rlserve.core.response_scoring import (
+    DEFAULT_CHUNK_TOKENS,
+    forward_micro_batches,
+    score_responses,
 )
-from rlserve.core.ppo_math import aggregate_loss, entropy_from_logits, kl_loss, policy_loss
 from rlserve.core.training import (
     build_training_engine,
     full_state_dict,
@@ -50,20 +52,29 @@ from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import GenerationEngine, SamplingSettings
 
 MODEL_SUBDIR = "model"
+ADAPTER_SUBDIR = "adapter"
 DEEPSPEED_SUBDIR = "deepspeed"
 
 
-def make_generation_engine(name: str, model_path: str, dtype: str, seed: int) -> GenerationEngine:
-    """The one place that maps an engine name to its class."""
+def make_generation_engine(
+    name: str,
+    model_path: str,
+    dtype: str,
+    seed: int,
+    device: torch.device | None = None,
+    vllm: dict[str, Any] | None = None,
+) -> GenerationEngine:
+    """The one place that maps an engine name to its class. `vllm`: the fields of
+    rlserve.core.vllm_config.VllmConfig (model_dump), keyword arguments of the vLLM engine."""
     if name == "hf":
         from rlserve.rollout.hf_engine import HFGenerationEngine
 
-        return HFGenerationEngine(model_path, dtype)
+        return HFGenerationEngine(model_path, dtype, device)
     if name == "vllm":
         # Imported here: vLLM is optional and heavy, and only this engine needs it.
         from rlserve.rollout.vllm_engine import VLLMGenerationEngine
 
-        return VLLMGenerationEngine(model_path=model_path, dtype=dtype, seed=seed)
+        return VLLMGenerationEngine(model_path=model_path, dtype=dtype, seed=seed, **(vllm or {}))
     raise ValueError(f"engine: unknown generation engine {name!r}; use 'hf' or 'vllm'")
 
 
@@ -79,6 +90,15 @@ class OptimizerSettings:
     """Rows per forward/backward pass."""
     grad_accum_steps: int
     """Micro-batches per optimizer step on this rank."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters on the actor (rlserve.core.lora); None in the worker = full weights."""
+
+    rank: int
+    alpha: float
+    target_modules: list[str] | str
 
 
 @dataclass(frozen=True)
@@ -104,7 +124,17 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
         "seed": config.seed,
         "torch_threads": config.torch_threads_per_worker,
         "logprob_micro_batch_samples": config.logprob_micro_batch_samples,
+        "forward_max_tokens": config.forward_max_tokens,
+        "device": config.device,
+        "logits_chunk_tokens": config.logits_chunk_tokens,
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "lora": (
+            LoraSettings(config.lora_rank, config.lora_alpha, config.lora_target_modules)
+            if config.lora_rank
+            else None
+        ),
         "serve_reference": config.serve_reference,
+        "vllm": config.vllm.model_dump(),
         "optimizer": OptimizerSettings(
             lr=config.lr,
             weight_decay=config.weight_decay,
@@ -147,11 +177,23 @@ class ActorWorker:
         optimizer: OptimizerSettings,
         loss: PolicyLossSettings,
         serve_reference: bool = False,
+        device: str = "auto",
+        logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        gradient_checkpointing: bool = False,
+        lora: LoraSettings | None = None,
+        vllm: dict[str, Any] | None = None,
+        forward_max_tokens: int | None = None,
     ):
         torch.set_num_threads(torch_threads)
+        self.lora = lora
+        self.vllm = vllm
         self.rank, self.world_size = rank, world_size
         self.model_path, self.dtype = model_path, dtype
+        self.device = resolve_device(device)
         self.logprob_micro_batch_samples = logprob_micro_batch_samples
+        self.forward_max_tokens = forward_max_tokens
+        self.logits_chunk_tokens = logits_chunk_tokens
+        self.gradient_checkpointing = gradient_checkpointing
         self.optimizer_settings, self.loss = optimizer, loss
         self.engine_name, self.seed = engine, seed
         self.tokenizer = load_tokenizer(model_path)
@@ -169,10 +211,15 @@ class ActorWorker:
         return distributed_address()
 
     def init_distributed(self, address: str, port: int) -> None:
-        init_process_group(self.rank, self.world_size, address, port)
+        init_process_group(self.rank, self.world_size, address, port, self.device)
         settings = self.optimizer_settings
+        policy = load_causal_lm(self.model_path, self.dtype).to(self.device)
+        if self.gradient_checkpointing:
+            policy.gradient_checkpointing_enable({"use_reentrant": False})
+        if self.lora is not None:
+            policy = add_lora(policy, self.lora.rank, self.lora.alpha, self.lora.target_modules)
         self.engine = build_training_engine(
-            load_causal_lm(self.model_path, self.dtype),
+            policy,
             lr=settings.lr,
             zero_stage=settings.zero_stage,
             micro_batch_samples=settings.micro_batch_samples,
@@ -182,10 +229,11 @@ class ActorWorker:
             dtype=self.dtype,
         )
         self.generation = make_generation_engine(
-            self.engine_name, self.model_path, self.dtype, self.seed
+            self.engine_name, self.model_path, self.dtype, self.seed, self.device, vllm=self.vllm
         )
-        if self.serve_reference:
-            self.reference = load_causal_lm(self.model_path, self.dtype).eval()
+        # A LoRA actor's reference is its own base (adapters off): no second copy.
+        if self.serve_reference and self.lora is None:
+            self.reference = load_causal_lm(self.model_path, self.dtype).to(self.device).eval()
             self.reference.requires_grad_(False)
 
     def model_limits(self) -> dict[str, int]:
@@ -225,6 +273,8 @@ class ActorWorker:
         prompt_ids = [
             ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask, strict=True)
         ]
+        # Normally awake already (update_actor wakes it); not if that update failed.
+        self.generation.wake_up()
         with tracing.span(
             "rollout.generate", batch_size=len(prompt_ids), engine=self.engine_name
         ) as span:
@@ -267,10 +317,16 @@ class ActorWorker:
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: Batch, temperature: float = 1.0) -> Batch:
-        """ref_log_probs [N, R] under the frozen initial weights (serve_reference)."""
-        if self.reference is None:
+        """ref_log_probs [N, R] under the frozen initial weights (serve_reference): the
+        frozen copy, or for a LoRA actor the same module with its adapters disabled."""
+        if not self.serve_reference:
             raise RuntimeError("this worker holds no reference weights (serve_reference is off)")
-        scored = self._score(self.reference, "reference.forward", batch, temperature, False)
+        if self.lora is not None:
+            self.engine.eval()
+            with adapters_disabled(self.engine.module):
+                scored = self._score(self.engine, "reference.forward", batch, temperature, False)
+        else:
+            scored = self._score(self.reference, "reference.forward", batch, temperature, False)
         return Batch(tensors={"ref_log_probs": scored["log_probs"]})
 
     def _score(
@@ -282,20 +338,25 @@ class ActorWorker:
         return_entropy: bool,
     ) -> Batch:
         log_probs, entropies = [], []
-        for micro in batch.chunk(self.logprob_micro_batch_samples):
+        micro_batches = forward_micro_batches(
+            batch, self.logprob_micro_batch_samples, self.forward_max_tokens
+        )
+        for micro in micro_batches:
+            micro = micro.to(self.device)
             with tracing.span(span_name, batch_size=len(micro)):
-                mask = micro["response_mask"].bool()
-                logits = response_logits(
+                scores = score_responses(
                     model,
                     micro["input_ids"],
                     micro["attention_mask"],
-                    micro["responses"].shape[1],
+                    micro["responses"],
+                    micro["response_mask"],
                     temperature,
+                    chunk_tokens=self.logits_chunk_tokens,
+                    with_entropy=return_entropy,
                 )
-                picked = log_probs_from_logits(logits, micro["responses"])
-                log_probs.append(torch.where(mask, picked, 0.0))
+                log_probs.append(scores.log_probs.cpu())
                 if return_entropy:
-                    entropies.append(torch.where(mask, entropy_from_logits(logits.float()), 0.0))
+                    entropies.append(scores.entropy.cpu())
         tensors = {"log_probs": torch.cat(log_probs)}
         if return_entropy:
             tensors["entropy"] = torch.cat(entropies)
@@ -319,6 +380,8 @@ class ActorWorker:
         # ZeRO-0 in fp32 records no grad norm, and step() drops the grads: read it from
         # the (already all-reduced) grads just before the boundary step instead.
         norm_from_grads = self.engine.zero_optimization_stage() == 0 and self.dtype == "float32"
+        # Frees the generation engine's KV cache for training (vllm.sleep_while_training).
+        self.generation.sleep()
         self.engine.train()
         sums: dict[str, float] = {}
         step_sums = {"grad_norm": 0.0, "lr": 0.0}
@@ -328,7 +391,7 @@ class ActorWorker:
             with tracing.span("actor.mini_batch", index=index, batch_size=len(mini)):
                 for micro in mini.chunk(settings.micro_batch_samples):
                     with tracing.span("actor.forward", batch_size=len(micro)):
-                        loss, metrics = self._micro_batch_loss(micro, temperature)
+                        loss, metrics = self._micro_batch_loss(micro.to(self.device), temperature)
                     with tracing.span("actor.backward"):
                         self.engine.backward(loss)
                     if norm_from_grads and self.engine.is_gradient_accumulation_boundary():
@@ -345,7 +408,8 @@ class ActorWorker:
         result.update({key: value / step_count for key, value in step_sums.items()})
         result["tokens"] = float(batch["response_mask"].sum())
         with tracing.span("actor.weight_sync", engine=self.engine_name):
-            self.generation.load_weights(full_state_dict(self.engine))
+            self.generation.wake_up()
+            self.generation.load_weights(self.policy_weights())
         return result
 
     def _micro_batch_loss(
@@ -353,14 +417,17 @@ class ActorWorker:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss_settings = self.loss
         mask = micro["response_mask"]
-        logits = response_logits(
+        scores = score_responses(
             self.engine,
             micro["input_ids"],
             micro["attention_mask"],
-            micro["responses"].shape[1],
+            micro["responses"],
+            mask,
             temperature,
+            chunk_tokens=self.logits_chunk_tokens,
+            with_entropy=True,
         )
-        log_prob = log_probs_from_logits(logits, micro["responses"])
+        log_prob = scores.log_probs
         loss, metrics = policy_loss(
             micro["old_log_probs"],
             log_prob,
@@ -371,11 +438,7 @@ class ActorWorker:
             clip_ratio_dual=loss_settings.clip_ratio_dual,
             loss_agg_mode=loss_settings.loss_agg_mode,
         )
-        # Entropy costs a softmax over the vocabulary; keep its graph only for the bonus.
-        with torch.set_grad_enabled(loss_settings.entropy_coef > 0):
-            entropy = aggregate_loss(
-                entropy_from_logits(logits.float()), mask, loss_settings.loss_agg_mode
-            )
+        entropy = aggregate_loss(scores.entropy, mask, loss_settings.loss_agg_mode)
         if loss_settings.entropy_coef > 0:
             loss = loss - loss_settings.entropy_coef * entropy
         metrics["entropy"] = entropy.detach()
@@ -393,24 +456,31 @@ class ActorWorker:
 
     # ---- weights and checkpoints --------------------------------------------------------
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The full training weights (a collective under ZeRO-3: call on every rank)."""
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights in the plain model's names (LoRA merged in); a
+        collective under ZeRO-3: call on every rank."""
+        if self.lora is not None:
+            return merged_state_dict(self.engine.module)
         return full_state_dict(self.engine)
 
     def save_checkpoint(self, directory: str, client_state: dict[str, Any]) -> None:
-        """<directory>/model (HF safetensors + tokenizer, rank 0) and <directory>/deepspeed."""
+        """<directory>/model (HF safetensors + tokenizer, rank 0; LoRA merged in),
+        <directory>/adapter (LoRA only) and <directory>/deepspeed."""
         root = Path(directory)
-        weights = full_state_dict(self.engine)  # every rank: a collective under ZeRO-3
+        weights = self.policy_weights()  # every rank: a collective under ZeRO-3
         if self.rank == 0:
             model_dir = root / MODEL_SUBDIR
-            self.engine.module.save_pretrained(
-                model_dir, state_dict=weights, safe_serialization=True
-            )
+            plain = self.engine.module
+            if self.lora is not None:
+                save_adapter(plain, root / ADAPTER_SUBDIR)
+                plain = plain.get_base_model()
+            plain.save_pretrained(model_dir, state_dict=weights, safe_serialization=True)
             self.tokenizer.save_pretrained(model_dir)
         save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer state, syncs the generation engine; the client_state."""
         client_state = load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)
-        self.generation.load_weights(full_state_dict(self.engine))
+        self.generation.wake_up()
+        self.generation.load_weights(self.policy_weights())
         return client_state

@@ -4,24 +4,47 @@ Rows need a prompt and a ground truth. Flat rows ({"prompt": "...", "ground_trut
 "..."}) and VeRL's layout (prompt = chat messages, ground truth under
 "reward_model.ground_truth") both work: keys may be dotted paths, and a chat prompt is
 rendered with the tokenizer's chat template when it has one.
+
+Prompts longer than max_prompt_tokens are dropped, cut from the left or the right, or
+fail the load (`long_prompts`), and `load_prompt_rows` says how many it dropped or cut:
+a dataset that loses most of its rows to the length limit should say so, not shrink
+silently. Lengths count what the tokenizer produces for the prompt, special tokens its
+post-processor adds (BOS) included, since that is what the rollout service receives.
 """
 
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlserve.core.batch import Batch
 
+LongPrompts = Literal["drop", "truncate_left", "truncate_right", "error"]
+"""What to do with a prompt over max_prompt_tokens (run config: data.long_prompts)."""
+
 
 @dataclass(frozen=True)
 class PromptRow:
     prompt: str
     ground_truth: str
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """A loaded dataset, and what fitting it into max_prompt_tokens did to it."""
+
+    rows: list[PromptRow]
+    """The usable rows, in file order."""
+    dropped: int
+    """Rows left out because their prompt was too long (long_prompts="drop")."""
+    truncated: int
+    """Rows kept with a cut prompt (long_prompts="truncate_left" / "truncate_right")."""
+    longest_tokens: int
+    """The file's longest prompt in tokens, BOS included, before any cut (0: no rows)."""
 
 
 def _lookup(row: dict, dotted_key: str, path: Path, index: int) -> Any:
@@ -63,21 +86,95 @@ def load_prompt_rows(
     prompt_key: str = "prompt",
     ground_truth_key: str = "ground_truth",
     max_prompt_tokens: int | None = None,
-) -> list[PromptRow]:
-    """Reads a dataset; drops prompts longer than max_prompt_tokens."""
+    long_prompts: LongPrompts = "drop",
+) -> PromptRows:
+    """Reads a dataset; fits prompts into max_prompt_tokens as long_prompts says.
+
+    None for max_prompt_tokens keeps every prompt whole. Error messages name the run
+    config's data.* settings, since that is where these arguments come from.
+    """
+    if long_prompts not in get_args(LongPrompts):
+        raise ValueError(
+            f"data.long_prompts: must be one of {get_args(LongPrompts)}; got {long_prompts!r}"
+        )
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dataset {path} does not exist")
-    rows = []
-    for index, record in enumerate(_read_records(path)):
-        prompt = _render_prompt(_lookup(record, prompt_key, path, index), tokenizer)
-        truth = str(_lookup(record, ground_truth_key, path, index))
-        if max_prompt_tokens and len(tokenizer(prompt)["input_ids"]) > max_prompt_tokens:
-            continue
+    records = _read_records(path)
+    prompts = [
+        _render_prompt(_lookup(record, prompt_key, path, index), tokenizer)
+        for index, record in enumerate(records)
+    ]
+    truths = [
+        str(_lookup(record, ground_truth_key, path, index)) for index, record in enumerate(records)
+    ]
+    # One batch call: the Rust tokenizers encode it in parallel, row by row is far slower.
+    lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]] if prompts else []
+    longest = max(lengths, default=0)
+    too_long = [i for i, n in enumerate(lengths) if max_prompt_tokens and n > max_prompt_tokens]
+    if too_long and long_prompts == "error":
+        first = too_long[0]
+        raise ValueError(
+            f"{path}: row {first} has a prompt of {lengths[first]} tokens, more than "
+            f"data.max_prompt_tokens={max_prompt_tokens} ({len(too_long)} of {len(prompts)} "
+            f"rows are; the longest has {longest}); raise data.max_prompt_tokens to {longest}, "
+            "or set data.long_prompts to drop, truncate_left or truncate_right"
+        )
+    rows, dropped, truncated = [], 0, 0
+    long_rows = set(too_long)
+    for index, (prompt, truth) in enumerate(zip(prompts, truths, strict=True)):
+        if index in long_rows:
+            if long_prompts == "drop":
+                dropped += 1
+                continue
+            assert max_prompt_tokens is not None  # long_rows is empty without a limit
+            keep_end = long_prompts == "truncate_left"
+            prompt = _truncate_prompt(prompt, tokenizer, max_prompt_tokens, keep_end)
+            if not prompt:
+                raise ValueError(
+                    f"{path}: row {index}: data.max_prompt_tokens={max_prompt_tokens} leaves "
+                    "no room for the prompt next to the special tokens the tokenizer adds "
+                    "(BOS); raise data.max_prompt_tokens"
+                )
+            truncated += 1
         rows.append(PromptRow(prompt, truth))
     if not rows:
-        raise ValueError(f"{path}: no usable rows (check keys and data.max_prompt_tokens)")
-    return rows
+        raise ValueError(
+            f"{path}: no usable rows ({len(prompts)} read, {dropped} of them longer than "
+            f"data.max_prompt_tokens={max_prompt_tokens}); check the keys, raise "
+            "data.max_prompt_tokens or set data.long_prompts=truncate_left"
+        )
+    return PromptRows(rows, dropped=dropped, truncated=truncated, longest_tokens=longest)
+
+
+def _truncate_prompt(
+    prompt: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int, keep_end: bool
+) -> str:
+    """The prompt cut to its last (keep_end) or first tokens, so it encodes to <= max_tokens.
+
+    "" when nothing fits next to the special tokens the tokenizer adds.
+
+    Cuts the prompt's own tokens, leaving room for the special tokens the tokenizer adds
+    around them (BOS). Decoding a cut and encoding it again need not give the same ids
+    (merges across the cut, half a multi-byte character), so the cut is re-encoded and
+    shortened until it fits. A cut through a multi-byte character decodes to U+FFFD;
+    one more token goes then, so the prompt keeps whole characters only.
+    """
+    content = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    added = len(tokenizer(prompt)["input_ids"]) - len(content)
+    budget = max_tokens - added
+    while budget > 0:
+        kept = content[-budget:] if keep_end else content[:budget]
+        # Special tokens inside the prompt (chat-template markers) are part of its text.
+        text = tokenizer.decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if text.count("\ufffd") > prompt.count("\ufffd"):
+            budget -= 1
+            continue
+        excess = len(tokenizer(text)["input_ids"]) - max_tokens
+        if excess <= 0:
+            return text
+        budget -= excess
+    return ""
 
 
 def prompt_batch(rows: list[PromptRow], tokenizer: PreTrainedTokenizerBase) -> Batch:

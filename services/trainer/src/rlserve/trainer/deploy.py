@@ -22,6 +22,11 @@ from rlserve.core.placement import (
 )
 from rlserve.core.run_config import RunConfig
 
+
+class ServiceSettingsConflict(RuntimeError):
+    """A service is deployed with other settings than the run would deploy."""
+
+
 IMPORT_PATHS = {
     "rollout": "rlserve.rollout.app:build_app",
     "critic": "rlserve.critic.app:build_app",
@@ -56,16 +61,41 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "use_kl_loss": actor.use_kl_loss,
             "kl_loss_coef": actor.kl_loss_coef,
             "kl_loss_kind": actor.kl_loss_kind,
+            "device": actor.device,
+            "weight_decay": actor.weight_decay,
+            "logprob_micro_batch_samples": actor.logprob_micro_batch_samples,
+            "forward_max_tokens": actor.forward_max_tokens,
+            "logits_chunk_tokens": actor.logits_chunk_tokens,
+            "gradient_checkpointing": actor.gradient_checkpointing,
+            "lora_rank": actor.lora_rank,
+            "lora_alpha": actor.lora_alpha,
+            "lora_target_modules": actor.lora_target_modules,
+            # The service's own cap must admit the run's responses.
+            "max_new_tokens_limit": max(1024, config.rollout.max_new_tokens),
+            "max_batch_samples": config.rollout.max_batch_samples,
+            "kept_update_results": actor.kept_update_results,
+            "worker_call_timeout_s": actor.worker_call_timeout_s,
+            # Batches from GenerateSequences carry their temperature; this is the fallback.
+            "temperature": config.rollout.temperature or 1.0,
+            # The same model on both sides: every field reaches the service as it is.
+            "vllm": config.rollout.vllm.model_dump(),
         },
         "reward": reward_args(config),
     }
     if config.needs_reference and config.placement.reference_in_rollout:
         apps["rollout"]["serve_reference"] = True
     elif config.needs_reference:
+        reference = config.reference
         apps["reference"] = {
             "model_path": model_dir,
             "dtype": config.model.dtype,
             "temperature": config.rollout.temperature or 1.0,
+            "workers": reference.workers,
+            "device": reference.device,
+            "micro_batch_samples": reference.micro_batch_samples,
+            "forward_max_tokens": reference.forward_max_tokens,
+            "logits_chunk_tokens": reference.logits_chunk_tokens,
+            "max_batch_samples": reference.max_batch_samples,
         }
     if config.needs_critic:
         apps["critic"] = {
@@ -79,6 +109,13 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "ppo_mini_batch_samples": critic.ppo_mini_batch_prompts * n,
             "micro_batch_samples": critic.micro_batch_samples,
             "cliprange_value": critic.cliprange_value,
+            "device": critic.device,
+            "weight_decay": critic.weight_decay,
+            "forward_micro_batch_samples": critic.forward_micro_batch_samples,
+            "forward_max_tokens": critic.forward_max_tokens,
+            "gradient_checkpointing": critic.gradient_checkpointing,
+            "loss_agg_mode": critic.loss_agg_mode,
+            "max_batch_samples": critic.max_batch_samples,
         }
     for role, placement in worker_placements(config, apps).items():
         apps[role]["placement"] = placement
@@ -148,7 +185,13 @@ def reward_args(config: RunConfig) -> dict[str, Any]:
     if reward.kind == "rule":
         kinds: dict[str, Any] = {"rule": {"rule_name": reward.rule_name}}
     elif reward.kind == "model":
-        kinds = {"model": {"model_path": reward.model_path}}
+        kinds = {
+            "model": {
+                "model_path": reward.model_path,
+                "dtype": reward.model_dtype,
+                "micro_batch_samples": reward.model_micro_batch_samples,
+            }
+        }
     else:
         http = reward.http
         kinds = {
@@ -164,6 +207,8 @@ def reward_args(config: RunConfig) -> dict[str, Any]:
     args: dict[str, Any] = {
         "kinds": kinds,
         "max_ongoing_requests": reward.max_ongoing_requests,
+        "max_batch_samples": reward.max_batch_samples,
+        "torch_threads": reward.torch_threads,
     }
     if reward.autoscaling is not None:
         args["autoscaling_config"] = reward.autoscaling.model_dump()
@@ -220,8 +265,47 @@ def verify_placement(config: RunConfig, apps: dict[str, dict[str, Any]]) -> dict
     return where
 
 
-def deploy_services(apps: dict[str, dict[str, Any]], timeout_s: float) -> None:
-    """Deploys (or updates) one app per role, named and routed by the role."""
+def settings_differences(
+    wanted: dict[str, dict[str, Any]], deployed: dict[str, dict[str, Any]]
+) -> list[str]:
+    """One line per setting where an app already deployed (a Serve config entry) differs
+    from what this run would deploy; apps not deployed yet differ in nothing."""
+    lines = []
+    for role, args in wanted.items():
+        entry = deployed.get(role)
+        if entry is None:
+            continue
+        deployed_path = entry.get("import_path")
+        if deployed_path != IMPORT_PATHS[role]:
+            lines.append(f"{role}: import_path {deployed_path!r}, run wants {IMPORT_PATHS[role]!r}")
+            continue
+        current = entry.get("args") or {}
+        for key in sorted(set(args) | set(current)):
+            if current.get(key, "<unset>") != args.get(key, "<unset>"):
+                lines.append(
+                    f"{role}.{key}: deployed {current.get(key, '<unset>')!r}, "
+                    f"run wants {args.get(key, '<unset>')!r}"
+                )
+    return lines
+
+
+def deploy_services(
+    apps: dict[str, dict[str, Any]], timeout_s: float, replace_different: bool = False
+) -> None:
+    """Deploys (or updates) one app per role, named and routed by the role.
+
+    A role already deployed with other settings is replaced only with
+    `replace_different`; otherwise nothing is deployed and the error lists every
+    difference, so a run never silently overwrites a service someone configured by hand.
+    """
+    differences = settings_differences(apps, declared_applications())
+    if differences and not replace_different:
+        raise ServiceSettingsConflict(
+            "services already deployed with other settings than this run's:\n  "
+            + "\n  ".join(differences)
+            + "\nset trainer.replace_deployed_services=true to replace them, change the run "
+            "config to match, or remove them first (rlserve service remove <role>)"
+        )
     deploy_applications(
         [
             {

@@ -21,12 +21,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlserve.core import tracing
-from rlserve.core.config import dump_config
+from rlserve.core.config import ConfigError, dump_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from rlserve.trainer.control import RunControl, serve_control
-from rlserve.trainer.data import load_prompt_rows
+from rlserve.trainer.data import PromptRows, load_prompt_rows
 from rlserve.trainer.deploy import (
     deploy_services,
     reserve_placement_groups,
@@ -67,7 +67,11 @@ class RunSummary:
 
 
 def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
-    """Builds the embedded default when no model is given; checks user paths exist."""
+    """Builds the embedded default when no model is given; checks user paths exist.
+
+    Also checks that a prompt of data.max_prompt_tokens plus rollout.max_new_tokens fits
+    the model's context, which only the model directory can tell.
+    """
     if config.model.path is None:
         from rlserve.core.embedded.prepare import prepare_embedded_default
 
@@ -80,6 +84,7 @@ def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
             max_new_tokens=config.rollout.max_new_tokens,
             eval_prompts=config.rollout.eval_prompts,
         )
+        _check_context_fits(config, built.model_dir)
         return RunInputs(
             model_dir=str(built.model_dir.resolve()),
             train_path=config.data.train_path or str(built.train_path),
@@ -90,6 +95,7 @@ def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
     model_dir = Path(config.model.path)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"model.path: {model_dir} is not a Hugging Face model directory")
+    _check_context_fits(config, model_dir)
     if config.data.train_path is None:
         raise ValueError("data.train_path: required when model.path is set")
     for name in ("train_path", "eval_path"):
@@ -97,6 +103,34 @@ def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"data.{name}: {path} does not exist")
     return RunInputs(str(model_dir.resolve()), config.data.train_path, config.data.eval_path)
+
+
+def _check_context_fits(config: RunConfig, model_dir: Path) -> None:
+    """ConfigError unless data.max_prompt_tokens + rollout.max_new_tokens fit the model.
+
+    Otherwise the rollout service would refuse the first long prompt mid-run. Reads the
+    config as the services will (AutoConfig; the text part of a multimodal model).
+    """
+    from transformers import AutoConfig
+
+    text_config = AutoConfig.from_pretrained(model_dir).get_text_config()
+    context_tokens = getattr(text_config, "max_position_embeddings", None)
+    if context_tokens is None:  # no fixed limit stated; the rollout service assumes none
+        return
+    prompt_tokens, new_tokens = config.data.max_prompt_tokens, config.rollout.max_new_tokens
+    if prompt_tokens + new_tokens <= context_tokens:
+        return
+    if new_tokens < context_tokens:
+        fix = f"lower data.max_prompt_tokens to {context_tokens - new_tokens}"
+    else:
+        fix = f"lower rollout.max_new_tokens below {context_tokens}"
+    raise ConfigError(
+        "data.max_prompt_tokens",
+        f"{prompt_tokens} + rollout.max_new_tokens {new_tokens} = {prompt_tokens + new_tokens} "
+        f"tokens exceed the model's context of {context_tokens} (max_position_embeddings in "
+        f"{model_dir / 'config.json'}); {fix}, or lower both so they sum to at most "
+        f"{context_tokens}",
+    )
 
 
 def setup_trainer_tracing(config: RunConfig) -> None:
@@ -116,29 +150,42 @@ def make_trainer(
 ) -> PPOTrainer:
     """A PPOTrainer on the deployed services: tokenizer, prompts and clients loaded."""
     tokenizer = load_tokenizer(inputs.model_dir)
-    rows = {
-        "train": load_prompt_rows(
-            inputs.train_path,
+    data = config.data
+    paths = {"train": inputs.train_path, "eval": inputs.eval_path}
+    loaded: dict[str, PromptRows] = {}
+    for name, path in paths.items():
+        if path is None:
+            continue
+        loaded[name] = load_prompt_rows(
+            path,
             tokenizer,
-            config.data.prompt_key,
-            config.data.ground_truth_key,
-            config.data.max_prompt_tokens,
-        ),
-        "eval": (
-            load_prompt_rows(
-                inputs.eval_path,
-                tokenizer,
-                config.data.prompt_key,
-                config.data.ground_truth_key,
-                config.data.max_prompt_tokens,
-            )
-            if inputs.eval_path
-            else []
-        ),
-    }
+            data.prompt_key,
+            data.ground_truth_key,
+            data.max_prompt_tokens,
+            data.long_prompts,
+        )
+        _print_prompt_counts(name, loaded[name], data.max_prompt_tokens, data.long_prompts)
     roles = set(service_args(config, inputs.model_dir))
     clients = Clients.connect(serve_grpc_address, config, roles)
-    return PPOTrainer(config, clients, tokenizer, rows["train"], rows["eval"], run_dir)
+    eval_rows = loaded["eval"].rows if "eval" in loaded else []
+    return PPOTrainer(config, clients, tokenizer, loaded["train"].rows, eval_rows, run_dir)
+
+
+def _print_prompt_counts(
+    name: str, loaded: PromptRows, max_prompt_tokens: int, long_prompts: str
+) -> None:
+    """One line per dataset, so rows lost to the length limit are never silent."""
+    line = (
+        f"{name}: {len(loaded.rows)} prompts, {loaded.dropped} dropped, "
+        f"{loaded.truncated} truncated, longest {loaded.longest_tokens} tokens "
+        f"(data.max_prompt_tokens={max_prompt_tokens}, data.long_prompts={long_prompts})"
+    )
+    if loaded.dropped:
+        line = (
+            f"[yellow]{line}; to keep them, raise data.max_prompt_tokens or set "
+            "data.long_prompts=truncate_left[/yellow]"
+        )
+    console.print(line)
 
 
 async def train_on_services(
@@ -317,7 +364,9 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
         apps = service_args(config, inputs.model_dir)
         reserve_placement_groups(apps)
         console.print(f"deploying services on Serve (gRPC {address}) ...")
-        deploy_services(apps, config.trainer.deploy_timeout_s)
+        deploy_services(
+            apps, config.trainer.deploy_timeout_s, config.trainer.replace_deployed_services
+        )
         if config.placement.roles:
             for role, nodes in verify_placement(config, apps).items():
                 console.print(f"placement: {role} on nodes {[node[:12] for node in nodes]}")

@@ -1,0 +1,74 @@
+"""VllmConfig: the vLLM engine section of the run config (`rollout.vllm`) (CPU, no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlserve.core.config import ConfigError, load_config, validate_config
+from rlserve.core.run_config import RunConfig
+from rlserve.core.vllm_config import VllmConfig
+
+
+def load(*overrides: str) -> RunConfig:
+    return load_config(RunConfig, None, overrides)
+
+
+def test_defaults_fit_a_shared_cpu_box_and_a_shared_gpu():
+    vllm = load().rollout.vllm
+    assert vllm == VllmConfig()
+    assert vllm.model_dump() == {
+        "kv_cache_gib": 1.0,
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": None,
+        "enforce_eager": True,
+        "sleep_while_training": False,
+    }
+
+
+def test_overrides_reach_the_section():
+    vllm = load(
+        "rollout.vllm.kv_cache_gib=null",
+        "rollout.vllm.gpu_memory_utilization=0.3",
+        "rollout.vllm.enforce_eager=false",
+        "rollout.vllm.sleep_while_training=true",
+    ).rollout.vllm
+    assert vllm.kv_cache_gib is None and vllm.gpu_memory_utilization == 0.3
+    assert (vllm.enforce_eager, vllm.sleep_while_training) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.vllm.gpu_memory_utilization=0", "greater than 0"),
+        ("rollout.vllm.gpu_memory_utilization=1.5", "less than or equal to 1"),
+        ("rollout.vllm.kv_cache_gib=0", "greater than 0"),
+        ("rollout.vllm.max_model_len=0", "greater than or equal to 1"),
+    ],
+)
+def test_out_of_range_values_name_the_field(override, message):
+    field = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{field}: .*{message}") as error:
+        load(override)
+    assert error.value.paths == (field,)
+
+
+def test_tensor_parallel_size_is_not_a_setting():
+    # The in-process single executor cannot span GPUs (see vllm_config's docstring).
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.tensor_parallel_size: unknown field"):
+        load("rollout.vllm.tensor_parallel_size=2")
+
+
+def test_max_model_len_must_hold_prompt_and_response_for_vllm():
+    overrides = ["data.max_prompt_tokens=64", "rollout.max_new_tokens=16"]
+    with pytest.raises(ConfigError, match=r"raise it to at least 80") as error:
+        load(*overrides, "rollout.engine=vllm", "rollout.vllm.max_model_len=79")
+    assert error.value.paths == ("rollout.vllm.max_model_len",)
+    assert load(*overrides, "rollout.engine=vllm", "rollout.vllm.max_model_len=80")
+    # Not checked when vLLM is not the engine (the section is unused then).
+    assert load(*overrides, "rollout.engine=hf", "rollout.vllm.max_model_len=79")
+
+
+def test_model_dump_validates_back_to_the_same_section():
+    """What the trainer sends the rollout service is the dump; the service reads it back."""
+    vllm = VllmConfig(kv_cache_gib=None, gpu_memory_utilization=0.4, max_model_len=1024)
+    assert validate_config(VllmConfig, vllm.model_dump()) == vllm

@@ -1,0 +1,141 @@
+"""Every setting a service accepts is reachable from the run config.
+
+The trainer deploys each service from `service_args(run config)`; a service field that
+no run-config field reaches is a knob users cannot turn (as the ComputeLogProb
+micro-batch once was). These tests list each service config's fields against what the
+trainer sets, and check the args validate in the service's own config model, so a
+renamed or dropped field fails here.
+"""
+
+import pytest
+
+from rlserve.core.config import validate_config
+from rlserve.core.run_config import RunConfig
+from rlserve.critic.config import CriticServiceConfig
+from rlserve.critic.controller import worker_kwargs as critic_worker_kwargs
+from rlserve.reference.config import ReferenceServiceConfig
+from rlserve.reference.controller import worker_kwargs as reference_worker_kwargs
+from rlserve.reward.config import RewardServiceConfig
+from rlserve.rollout.config import RolloutServiceConfig
+from rlserve.rollout.worker import actor_worker_kwargs
+from rlserve.trainer.deploy import service_args
+
+SERVICE_CONFIGS = {
+    "rollout": RolloutServiceConfig,
+    "critic": CriticServiceConfig,
+    "reference": ReferenceServiceConfig,
+    "reward": RewardServiceConfig,
+}
+# Set only under a condition; each has its own test below.
+CONDITIONAL = {
+    "rollout": {"serve_reference"},
+    "reward": {"num_replicas", "autoscaling_config"},
+}
+EVERY_ROLE_PLACED = {
+    "pools": {"gpu": {}},
+    "roles": {role: {"pool": "gpu"} for role in ("rollout", "critic", "reference", "reward")},
+}
+
+
+def _config(**sections) -> RunConfig:
+    return validate_config(RunConfig, {"placement": EVERY_ROLE_PLACED, **sections})
+
+
+@pytest.mark.parametrize("role", SERVICE_CONFIGS)
+def test_every_service_field_is_set_from_the_run_config(role):
+    args = service_args(_config(), "/models/policy")[role]
+    unreached = set(SERVICE_CONFIGS[role].model_fields) - set(args) - CONDITIONAL.get(role, set())
+    assert not unreached, f"{role} settings no run-config field reaches: {sorted(unreached)}"
+
+
+@pytest.mark.parametrize("role", SERVICE_CONFIGS)
+def test_service_args_validate_in_the_service_config(role):
+    args = service_args(_config(), "/models/policy")[role]
+    validate_config(SERVICE_CONFIGS[role], args)
+
+
+def test_forward_and_memory_knobs_reach_the_workers():
+    config = _config(
+        actor={
+            "logprob_micro_batch_samples": 7,
+            "logits_chunk_tokens": 96,
+            "gradient_checkpointing": True,
+            "device": "cpu",
+            "weight_decay": 0.01,
+        },
+        critic={
+            "forward_micro_batch_samples": 5,
+            "device": "cpu",
+            "loss_agg_mode": "seq-mean-token-sum",
+        },
+        reference={"micro_batch_samples": 3, "logits_chunk_tokens": 32, "device": "cpu"},
+    )
+    apps = service_args(config, "/models/policy")
+    actor = actor_worker_kwargs(validate_config(RolloutServiceConfig, apps["rollout"]))
+    assert actor["logprob_micro_batch_samples"] == 7
+    assert actor["logits_chunk_tokens"] == 96
+    assert actor["gradient_checkpointing"] is True
+    assert actor["device"] == "cpu"
+    assert actor["optimizer"].weight_decay == 0.01
+    critic = critic_worker_kwargs(validate_config(CriticServiceConfig, apps["critic"]))
+    assert (critic["forward_micro_batch_samples"], critic["device"]) == (5, "cpu")
+    assert critic["loss_agg_mode"] == "seq-mean-token-sum"
+    reference = reference_worker_kwargs(validate_config(ReferenceServiceConfig, apps["reference"]))
+    assert (reference["micro_batch_samples"], reference["logits_chunk_tokens"]) == (3, 32)
+
+
+def test_long_responses_raise_the_rollout_limit():
+    config = _config(rollout={"max_new_tokens": 3000}, data={"max_prompt_tokens": 64})
+    rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])
+    assert rollout.max_new_tokens_limit == 3000
+
+
+def test_serve_reference_is_set_when_the_reference_is_merged():
+    config = validate_config(
+        RunConfig,
+        {"placement": {"reference_in_rollout": True}, "algorithm": {"kl_ctrl": {"kl_coef": 0.1}}},
+    )
+    apps = service_args(config, "/m")
+    assert apps["rollout"]["serve_reference"] is True
+    assert "reference" not in apps
+
+
+def test_reward_replicas_and_autoscaling_reach_the_service():
+    fixed = service_args(_config(reward={"num_replicas": 3}), "/m")["reward"]
+    assert validate_config(RewardServiceConfig, fixed).num_replicas == 3
+    scaled = service_args(
+        _config(reward={"autoscaling": {"min_replicas": 1, "max_replicas": 4}}), "/m"
+    )["reward"]
+    assert validate_config(RewardServiceConfig, scaled).autoscaling_config.max_replicas == 4
+
+
+def test_reward_model_kind_settings_reach_the_service():
+    config = _config(
+        reward={
+            "kind": "model",
+            "model_path": "/models/rm",
+            "model_dtype": "bfloat16",
+            "model_micro_batch_samples": 4,
+        }
+    )
+    reward = validate_config(RewardServiceConfig, service_args(config, "/m")["reward"])
+    assert (reward.kinds.model.dtype, reward.kinds.model.micro_batch_samples) == ("bfloat16", 4)
+
+
+def test_a_step_larger_than_a_service_request_limit_is_a_config_error():
+    with pytest.raises(Exception, match=r"critic\.max_batch_samples: 100 is below the 256"):
+        validate_config(RunConfig, {"critic": {"max_batch_samples": 100}})
+
+
+def test_vllm_settings_reach_the_worker_whole():
+    """rollout.vllm is one model end to end: every field arrives at the worker's kwargs."""
+    vllm = {
+        "kv_cache_gib": None,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": 640,
+        "enforce_eager": False,
+        "sleep_while_training": True,
+    }
+    config = _config(rollout={"engine": "vllm", "vllm": vllm})
+    rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])
+    assert actor_worker_kwargs(rollout)["vllm"] == vllm
