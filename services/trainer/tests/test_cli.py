@@ -1,6 +1,8 @@
-"""`rlserve trace report` is the trace report's command line, reached through `rlserve`."""
+"""The `rlserve` command line: `trace report` delegation, `model import-gguf` arguments."""
 
 import json
+
+import pytest
 
 from rlserve.core import tracing
 from rlserve.trainer import cli
@@ -21,3 +23,51 @@ def test_trace_report_is_delegated_with_its_arguments(tmp_path, capsys):
     assert cli.main(["trace", "report", str(path), "--step", "6"]) == 1
     assert cli.main(["trace", "report", str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_model_import_gguf_help_names_its_arguments(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["model", "import-gguf", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "gguf_file" in out and "out_dir" in out and "--dtype" in out
+
+
+def test_model_import_gguf_refusals_exit_2_naming_the_argument(tmp_path, capsys):
+    missing = tmp_path / "missing.gguf"
+    assert cli.main(["model", "import-gguf", str(missing), str(tmp_path / "out")]) == 2
+    assert "gguf_file:" in capsys.readouterr().err
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert cli.main(["model", "import-gguf", str(gguf), str(tmp_path)]) == 2
+    assert "out_dir:" in capsys.readouterr().err
+    assert cli.main(["model", "import-gguf", str(gguf), str(tmp_path / "new"), "--dtype", "x"]) == 2
+    assert "dtype: 'x' is not one of" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_context_overflow_found_after_loading_is_a_config_error_exit_2(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
+    ).save_pretrained(tmp_path / "model")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "ground_truth": "2"}\n')
+    code = cli.main(
+        [
+            "train",
+            f"trainer.run_dir={tmp_path / 'runs'}",
+            f"model.path={tmp_path / 'model'}",
+            f"data.train_path={data}",
+            "data.max_prompt_tokens=60",
+            "rollout.max_new_tokens=8",
+        ]
+    )
+    assert code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("config error: data.max_prompt_tokens: 60 + rollout.max_new_tokens 8")

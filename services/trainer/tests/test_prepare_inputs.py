@@ -4,6 +4,7 @@ prepare_inputs refuses a prompt + response budget that does not fit the model's 
 make_trainer prints how many prompts each dataset kept, dropped and cut.
 """
 
+import asyncio
 import io
 import json
 
@@ -127,8 +128,14 @@ def trainer_output(monkeypatch, config, inputs, run_dir):
     """What make_trainer prints, and the trainer it builds."""
     output = io.StringIO()
     monkeypatch.setattr(run, "console", Console(file=output, width=400, color_system=None))
-    # gRPC channels connect lazily: no service is needed to build the trainer.
-    trainer = make_trainer(config, inputs, run_dir, "127.0.0.1:1")
+    # gRPC channels connect lazily: no service is needed to build the trainer. Built in
+    # an event loop of its own, as in a run (aio channels need one; earlier tests in the
+    # session may have closed the default loop).
+
+    async def build():
+        return make_trainer(config, inputs, run_dir, "127.0.0.1:1")
+
+    trainer = asyncio.run(build())
     return output.getvalue().splitlines(), trainer
 
 

@@ -21,7 +21,7 @@ so a failed import leaves no half-written model behind.
 import copy
 import importlib.metadata
 import shutil
-import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,11 +86,14 @@ def import_gguf(gguf_file: Path, out_dir: Path, dtype: str = "float32") -> Impor
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     del gguf_model
     tokenizer = AutoTokenizer.from_pretrained(**source)
+    # GGUF carries no tokenizer length limit; the model's context is the real one.
+    tokenizer.model_max_length = config.max_position_embeddings
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    partial = out_dir.parent / f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()  # not tempfile.mkdtemp: that folder would stay private (0700)
     try:
-        model.save_pretrained(partial, safe_serialization=True)
+        model.save_pretrained(partial)  # safetensors: the only format in transformers 5
         tokenizer.save_pretrained(partial)
         if out_dir.exists():
             out_dir.rmdir()  # checked empty above

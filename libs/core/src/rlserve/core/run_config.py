@@ -211,6 +211,9 @@ class RolloutConfig(ConfigModel):
     """Most tokens generated per response."""
     responses_per_prompt: int = Field(1, ge=1)
     """Responses sampled per prompt (n); group estimators need at least 2."""
+    ignore_eos: bool = False
+    """Keep sampling past EOS to exactly max_new_tokens per training response (fixed
+    workloads for benchmarks); greedy evaluation stops at EOS regardless."""
     workers: int = Field(1, ge=1)
     """Data-parallel generation workers; a request is split (and padded) across them."""
     eval_every_steps: int = Field(10, ge=0)

@@ -6,6 +6,8 @@
   rlserve trace report FILE... [--step N] [--timeline PNG]  where each PPO step's time went
   rlserve service deploy|scale|remove|status|release-placement ...
                                         one service on a running cluster (service_ops.py)
+  rlserve model import-gguf GGUF_FILE OUT_DIR [--dtype D]
+                                        a GGUF file -> plain HF model folder (no hub access)
 
 Config errors exit with status 2 before anything starts, naming the field.
 """
@@ -14,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from rlserve.core.config import ConfigError, describe_config, dump_config, load_config
@@ -41,6 +44,19 @@ def _parser() -> argparse.ArgumentParser:
         "report", help="critical path, time per service and stage, RPC overhead, timeline PNG"
     )
     service_ops.add_parser(commands)
+    model = commands.add_parser("model", help="bring a model in")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    import_gguf = model_commands.add_parser(
+        "import-gguf",
+        help="write a plain HF model folder (safetensors, tokenizer, chat template) from GGUF",
+    )
+    import_gguf.add_argument("gguf_file", type=Path, help="the model's .gguf file")
+    import_gguf.add_argument("out_dir", type=Path, help="new (or empty) folder to write")
+    import_gguf.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32 (default), bfloat16 or float16: dtype of the saved, de-quantised weights",
+    )
     return parser
 
 
@@ -51,6 +67,21 @@ def _quiet_libraries() -> None:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("ray").setLevel(logging.WARNING)
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    from rlserve.core.gguf_import import check_import_arguments, import_gguf
+
+    try:
+        check_import_arguments(args.gguf_file, args.out_dir, args.dtype)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    _quiet_libraries()
+    started = time.perf_counter()
+    imported = import_gguf(args.gguf_file, args.out_dir, args.dtype)
+    print(f"{imported.summary()} ({time.perf_counter() - started:.0f} s)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, RuntimeError, TimeoutError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
+    if args.command == "model":
+        return _import_gguf(args)
     try:
         if args.command == "resume":
             config = load_config(RunConfig, args.run_dir / "config.yaml", args.overrides)
@@ -81,13 +114,21 @@ def main(argv: list[str] | None = None) -> int:
         print(describe_config(RunConfig) if args.describe else dump_config(config), end="")
         return 0
 
+    from rlserve.trainer.deploy import ServiceSettingsConflict
     from rlserve.trainer.run import new_run_dir, print_summary, train
 
     _quiet_libraries()
-    if args.command == "train":
-        summary = train(config, new_run_dir(config))
-    else:
-        summary = train(config, args.run_dir, resume=True)
+    try:
+        if args.command == "train":
+            summary = train(config, new_run_dir(config))
+        else:
+            summary = train(config, args.run_dir, resume=True)
+    except ConfigError as error:  # checks that need the model or data (e.g. its context)
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except ServiceSettingsConflict as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print_summary(summary)
     return 0
 

@@ -148,6 +148,8 @@ class PPOTrainer:
             top_k=rollout.top_k,
             max_new_tokens=rollout.max_new_tokens,
             responses_per_prompt=1 if greedy else rollout.responses_per_prompt,
+            # Evaluation always stops at EOS: an answer is what comes before it.
+            ignore_eos=rollout.ignore_eos and not greedy,
             # A seed per step makes a resumed run sample exactly what the original did.
             seed=self.config.trainer.seed * 1_000_003 + step,
         )
