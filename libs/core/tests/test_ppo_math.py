@@ -243,7 +243,9 @@ def test_token_rewards_with_kl_penalty_by_hand():
     # row 0: -0.5*0.1, -0.5*0.2 + 1 (last token), 0 (padding)
     # row 1: 0 (padding), -0.5*0.5, -0.5*0.6 + 2 (last token)
     close(rewards, [[-0.05, 0.9, 0.0], [0.0, -0.25, 1.7]])
-    # kl_mean = (0.1 + 0.2 + 0.5 + 0.6) / 4; per-sequence sums 0.3 and 1.1 -> mean 0.7
+    # token mean (0.1 + 0.2 + 0.5 + 0.6) / 4; per-sequence sums 0.3 and 1.1 -> mean 0.7;
+    # equal lengths, so the sequence mean of token means is the token mean
+    close(metrics["kl_token_mean"], 0.35)
     close(metrics["kl_mean"], 0.35)
     close(metrics["kl_seq_sum_mean"], 0.7)
     close(metrics["kl_coef"], 0.5)
@@ -931,3 +933,31 @@ def test_value_loss_errors():
         pm.value_loss(x, x, x, torch.ones(2, 3), clip_range=-0.1)
     with pytest.raises(ValueError, match="returns has shape"):
         pm.value_loss(x, x, torch.zeros(3, 3), torch.ones(2, 3))
+
+
+def test_kl_metrics_with_uneven_lengths_by_hand():
+    token_kl = torch.tensor([[0.1, 0.2, 0.3, 0.4], [1.0, 0.0, 0.0, 0.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]])  # 4, 1 and 0 tokens
+    metrics = pm.kl_metrics(token_kl, mask)
+    # per-sequence means 0.25 and 1.0 (the empty row is left out): (0.25 + 1.0) / 2
+    close(metrics["kl_mean"], 0.625)
+    # tokens: (0.1 + 0.2 + 0.3 + 0.4 + 1.0) / 5
+    close(metrics["kl_token_mean"], 0.4)
+    # sums 1.0, 1.0, 0 over 3 sequences
+    close(metrics["kl_seq_sum_mean"], 2.0 / 3)
+
+
+def test_kl_metrics_match_loop():
+    for _seed, _kind, gen, mask in all_masks():
+        token_kl = torch.rand(mask.shape, generator=gen, dtype=torch.float64)
+        if not bool(mask.any()):
+            continue
+        per_sequence, tokens = [], []
+        for row_kl, row_mask in zip(token_kl.tolist(), mask.tolist(), strict=True):
+            kept = [k for k, m in zip(row_kl, row_mask, strict=True) if m]
+            tokens += kept
+            if kept:
+                per_sequence.append(sum(kept) / len(kept))
+        metrics = pm.kl_metrics(token_kl, mask)
+        close(metrics["kl_mean"], sum(per_sequence) / len(per_sequence))
+        close(metrics["kl_token_mean"], sum(tokens) / len(tokens))

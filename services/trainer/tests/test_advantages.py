@@ -36,19 +36,28 @@ def test_gae_with_kl_penalty_by_hand():
     expected = torch.tensor([[-0.05 + 1.0, 1.0, 0.0], [0.05, 0.05, 0.0]])
     assert torch.allclose(targets["advantages"], expected, atol=1e-6)
     assert torch.allclose(targets["returns"], expected, atol=1e-6)
-    assert metrics["kl_mean"] == pytest.approx(0.0)  # (0.5 + 0 - 0.5 + 0 + 0) / 5
+    assert metrics["kl_token_mean"] == pytest.approx(0.0)  # (0.5 + 0 - 0.5 + 0 + 0) / 5
+    # per sequence: 0.5 / 2 and -0.5 / 3, then their mean
+    assert metrics["kl_mean"] == pytest.approx((0.25 - 0.5 / 3) / 2)
 
 
 def test_grpo_uses_groups_and_reports_reference_drift_with_kl_loss():
+    # A drift that does not average out: k1 = old - ref = row 0 [0.5, 0.5], row 1 [0, 0.6, 0]
+    drifted = torch.tensor([[-1.5, -2.5, 0.0], [-1.0, -1.6, -1.0]])
     targets, metrics = compute_advantages(
-        _batch(), _settings("grpo", kl_in_reward=False, whiten=True), 0.1
+        _batch(ref_log_probs=drifted), _settings("grpo", kl_in_reward=False, whiten=True), 0.1
     )
     adv = targets["advantages"]
     # Scores 1 and 0 in one group: ±1/std (std of [1, 0] = 0.7071), masked.
     assert adv[0, 0] == pytest.approx(0.7071, abs=1e-3) and adv[0, 2] == 0
     assert adv[1, 0] == pytest.approx(-0.7071, abs=1e-3)
     assert float(metrics["kl_coef"]) == 0.0
-    assert "kl_mean" in metrics
+    # The drift is reported though it is not in the reward: sequence means 0.5 and 0.2.
+    assert float(metrics["kl_mean"]) == pytest.approx(0.35, abs=1e-6)
+    assert float(metrics["kl_token_mean"]) == pytest.approx(1.6 / 5, abs=1e-6)
+    # ... and the advantages do not depend on it (GRPO's KL is the actor's loss).
+    plain, _ = compute_advantages(_batch(), _settings("grpo", kl_in_reward=False, whiten=True), 0)
+    assert torch.equal(plain["advantages"], adv)
 
 
 def test_gae_needs_values():

@@ -57,6 +57,7 @@ __all__ = [
     "get_advantage_estimator",
     "grpo_advantages",
     "kl_loss",
+    "kl_metrics",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
@@ -293,13 +294,8 @@ def token_rewards_with_kl_penalty(
 
     Returns:
         ``(token_rewards, metrics)``. ``token_rewards`` Shape: (B, T), 0 outside the
-        mask; a row with no response token gets no score. ``metrics``:
-
-        - ``"kl_mean"``: mean per-token KL over all response tokens (nats/token).
-        - ``"kl_seq_sum_mean"``: mean over sequences of the summed KL (nats/sequence).
-        - ``"kl_coef"``: β as a tensor.
-
-        Feed an adaptive controller the one whose unit matches its target.
+        mask; a row with no response token gets no score. ``metrics``: those of
+        :func:`kl_metrics` plus ``"kl_coef"``, β as a tensor.
 
     Raises:
         ValueError: On bad shapes, a negative ``kl_coef`` or an all-zero mask.
@@ -326,12 +322,32 @@ def token_rewards_with_kl_penalty(
     placed_scores = torch.where(has_response, scores.to(token_rewards.dtype), 0.0)
     # the outcome score is credited once, at the end of the response
     token_rewards = token_rewards.scatter_add(1, last_index[:, None], placed_scores[:, None])
-    metrics = {
-        "kl_mean": masked_mean(kl, mask).detach(),
-        "kl_seq_sum_mean": kl.sum(dim=1).mean().detach(),
-        "kl_coef": torch.tensor(float(kl_coef), device=kl.device),
-    }
+    metrics = kl_metrics(kl, response_mask)
+    metrics["kl_coef"] = torch.tensor(float(kl_coef), device=kl.device)
     return token_rewards, metrics
+
+
+def kl_metrics(token_kl: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+    """Three averages of a per-token KL, 0-dim and detached.
+
+    - ``"kl_mean"``: mean over sequences of each sequence's mean token KL (nats/token;
+      sequences without response tokens left out). Every sequence weighs the same
+      whatever its length, as in VeRL: the number an adaptive controller is fed.
+    - ``"kl_token_mean"``: mean over all response tokens (long responses weigh more).
+    - ``"kl_seq_sum_mean"``: mean over sequences of the summed KL (nats/sequence).
+
+    Shape: token_kl, response_mask (B, T).
+    """
+    mask = response_mask.bool()
+    kl = torch.where(mask, token_kl, torch.zeros_like(token_kl))
+    lengths = mask.sum(dim=1)
+    has_response = lengths > 0
+    per_sequence = kl.sum(dim=1)[has_response] / lengths[has_response]
+    return {
+        "kl_mean": per_sequence.mean().detach(),
+        "kl_token_mean": masked_mean(kl, mask).detach(),
+        "kl_seq_sum_mean": kl.sum(dim=1).mean().detach(),
+    }
 
 
 class FixedKLController:

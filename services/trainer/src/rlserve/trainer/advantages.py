@@ -12,6 +12,7 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.ppo_math import (
     get_advantage_estimator,
+    kl_metrics,
     kl_penalty,
     masked_mean,
     needs_critic,
@@ -52,7 +53,7 @@ def compute_advantages(
     if "ref_log_probs" in batch.tensors and not settings.kl_in_reward:
         # Still report the drift from the reference, which a KL loss controls.
         drift = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_kind)
-        metrics["kl_mean"] = masked_mean(drift, mask)
+        metrics.update(kl_metrics(drift, mask))
 
     values = batch["values"].float() if needs_critic(settings.estimator) else None
     group_ids = None

@@ -295,6 +295,8 @@ class PPOTrainer:
         self.state.weights_version = actor_update.weights_version
 
         mask = batch["response_mask"].float()
+        # The mean over sequences of each one's mean token KL (VeRL's choice): every
+        # response counts once, however long.
         kl_mean = float(adv_metrics["kl_mean"])
         self.kl_controller.update(kl_mean, n_steps=len(batch))
         step_s = time.perf_counter() - started
@@ -304,6 +306,7 @@ class PPOTrainer:
             "reward_mean": float(scores_tensor.mean()),
             "reward_std": float(scores_tensor.std()) if len(scores_tensor) > 1 else 0.0,
             "kl_mean": kl_mean,
+            "kl_token_mean": float(adv_metrics["kl_token_mean"]),
             "kl_coef": float(adv_metrics["kl_coef"]),
             "entropy_mean": float(masked_mean(batch["entropy"], mask)),
             "response_length_mean": response_tokens / len(batch),
