@@ -342,3 +342,20 @@ def test_update_sleeps_the_generation_engine_and_wakes_it_for_the_sync(service, 
     step, version = service.controller.last_applied_step + 1, service.controller.weights_version
     service.update_actor(step, version, batch)
     assert recorder.calls == ["sleep", "wake_up", "load_weights"]
+
+
+def test_zero3_actor_scores_and_trains_through_partitioned_weights(process_group, tiny_model_dir):
+    """Scoring calls the backbone and the LM head as submodules (not the engine's
+    forward): under ZeRO-3 their hooks must still gather the partitioned weights."""
+    zero3 = Service(tiny_model_dir, zero_stage=3, logits_chunk_tokens=3)
+    plain = Service(tiny_model_dir)
+    batch = plain.update_batch(advantage=1.0)
+    scored, _ = zero3.compute_log_prob(batch, return_entropy=True)
+    torch.testing.assert_close(scored["log_probs"], batch["old_log_probs"], atol=1e-5, rtol=0)
+    zero3.update_actor(zero3.controller.last_applied_step + 1, 0, batch)
+    plain.update_actor(plain.controller.last_applied_step + 1, 0, batch)
+    after_zero3, _ = zero3.compute_log_prob(batch)
+    after_plain, _ = plain.compute_log_prob(batch)
+    torch.testing.assert_close(
+        after_zero3["log_probs"], after_plain["log_probs"], atol=1e-4, rtol=0
+    )

@@ -17,6 +17,12 @@ Peak extra memory is ≈ 3 × chunk_tokens × vocab floats, whatever the batch a
 With gradients on, each chunk's head + loss runs under activation checkpointing, so
 backward recomputes a chunk's logits instead of keeping every chunk alive.
 
+One exception: training under ZeRO-3. Its hooks gather partitioned weights and reduce
+their gradients correctly only for work inside the engine's own forward (calling the
+backbone and head as submodules trained wrong weights in a test), so there the model's
+forward computes the logits of the response positions in one piece (`logits_to_keep`),
+and only the log-softmax and entropy are chunked. Inference under ZeRO-3 chunks as usual.
+
 Models whose logits are not the plain head output say so in their config: Gemma-style
 `final_logit_softcapping` and Cohere-style `logit_scale` are applied here; others use the
 head as is.
@@ -106,6 +112,12 @@ def forward_micro_batches(
         start = end
 
 
+def _zero3_training(model: torch.nn.Module) -> bool:
+    """A DeepSpeed ZeRO-3 engine computing with gradients."""
+    stage = getattr(model, "zero_optimization_stage", None)
+    return callable(stage) and stage() == 3 and torch.is_grad_enabled()
+
+
 def _logit_transform(config: object) -> tuple[float | None, float | None]:
     """(logit_scale, final_logit_softcapping) the model applies after its head."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -116,23 +128,27 @@ def _logit_transform(config: object) -> tuple[float | None, float | None]:
 
 
 def _chunk_scores(
-    hidden: torch.Tensor,
+    features: torch.Tensor,
     labels: torch.Tensor,
-    head: torch.nn.Module,
+    head: torch.nn.Module | None,
     temperature: float,
     logit_scale: float | None,
     softcap: float | None,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log-prob of each label and entropy, for one chunk of hidden states.
+    """log-prob of each label and entropy, for one chunk of hidden states (or, with no
+    head, of logits the model already computed and post-processed).
 
-    Shape: hidden (n, H), labels (n,) -> (n,), (n,) (entropy is empty when not asked for)
+    Shape: features (n, H) or (n, V), labels (n,) -> (n,), (n,) (entropy is empty when
+    not asked for)
     """
-    logits = head(hidden).float()
-    if logit_scale is not None:
-        logits = logits * logit_scale
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
+    logits = features.float()
+    if head is not None:
+        logits = head(features).float()
+        if logit_scale is not None:
+            logits = logits * logit_scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:
         # Sampling used logits / T; scoring with the same T keeps ratios on-policy.
         logits = logits / temperature
@@ -174,22 +190,34 @@ def score_responses(
     entropy = torch.zeros_like(log_probs) if with_entropy else None
     if kept == 0:
         return ResponseScores(log_probs, entropy)
-    hidden = causal_lm.base_model(
-        input_ids=ids,
-        attention_mask=attention,
-        position_ids=position_ids_from_mask(attention),
-        use_cache=False,
-    ).last_hidden_state
+    position_ids = position_ids_from_mask(attention)
     # Position P'+t-1 predicts response token t; keep real response tokens only.
     kept_mask = mask[:, :kept]
-    token_hidden = hidden[:, -kept - 1 : -1][kept_mask]
     token_labels = responses[:, :kept][kept_mask]
-    head = causal_lm.get_output_embeddings()
-    logit_scale, softcap = _logit_transform(causal_lm.config)
+    if _zero3_training(model):
+        # ZeRO-3 gathers partitioned weights for, and reduces the gradients of, what runs
+        # inside the engine's own forward: the whole model, logits for the response
+        # positions only (logits_to_keep), the head in one piece.
+        logits = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=kept + 1,
+        ).logits
+        features = logits[:, :-1][kept_mask]
+        head, logit_scale, softcap = None, None, None
+    else:
+        hidden = causal_lm.base_model(
+            input_ids=ids, attention_mask=attention, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        features = hidden[:, -kept - 1 : -1][kept_mask]
+        head = causal_lm.get_output_embeddings()
+        logit_scale, softcap = _logit_transform(causal_lm.config)
     picked, entropies = [], []
-    for start in range(0, token_hidden.shape[0], chunk_tokens):
+    for start in range(0, features.shape[0], chunk_tokens):
         args = (
-            token_hidden[start : start + chunk_tokens],
+            features[start : start + chunk_tokens],
             token_labels[start : start + chunk_tokens],
             head,
             temperature,
@@ -197,7 +225,7 @@ def score_responses(
             softcap,
             with_entropy,
         )
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and head is not None:
             chunk_log_probs, chunk_entropy = checkpoint(_chunk_scores, *args, use_reentrant=False)
         else:
             chunk_log_probs, chunk_entropy = _chunk_scores(*args)
