@@ -1,11 +1,14 @@
 """ActorWorker: one data-parallel rank of the rollout service (a Ray actor, or in-process).
 
 Each rank holds two copies of the policy: the training module inside a DeepSpeed engine
-(ZeRO stage, AdamW, grad clipping and accumulation from DeepSpeed's config; gloo on
-CPU), and a generation engine with its own inference weights ('hf' here, 'vllm' loaded
-lazily). After every update the rank copies the full weights from the first into the
-second, so generation always runs the latest policy. Log-probs are computed with the
-training module, the source of truth that UpdateActor's ratios are taken against.
+(ZeRO stage, AdamW, grad clipping and accumulation from DeepSpeed's config; NCCL between
+CUDA ranks, gloo on CPU), and a generation engine with its own inference weights ('hf'
+here, 'vllm' loaded lazily). After every update the rank copies the full weights from
+the first into the second (with LoRA: base + adapters merged), so generation always runs
+the latest policy. Log-probs are computed with the training module, the source of truth
+that UpdateActor's ratios are taken against, on response tokens only and in chunks
+(rlserve.core.response_scoring). Models and micro-batches live on the rank's device
+(rlserve.core.devices); results go back to the CPU for the service boundary.
 
 The worker does not shuffle: the controller sends each rank its rows already in training
 order (epochs and mini-batches planned once, globally), and the rank walks them in
