@@ -359,3 +359,19 @@ def test_zero3_actor_scores_and_trains_through_partitioned_weights(process_group
     torch.testing.assert_close(
         after_zero3["log_probs"], after_plain["log_probs"], atol=1e-4, rtol=0
     )
+
+
+def test_gradient_checkpointing_trains_the_same_weights(process_group, tiny_model_dir):
+    recomputed = Service(tiny_model_dir, gradient_checkpointing=True)
+    kept = Service(tiny_model_dir)
+    batch = kept.update_batch(advantage=1.0)
+    for service in (recomputed, kept):
+        service.update_actor(service.controller.last_applied_step + 1, 0, batch)
+    after_recomputed = recomputed.worker.policy_weights()
+    after_kept = kept.worker.policy_weights()
+    assert any(
+        not torch.equal(after_kept[k], batch_weight)
+        for k, batch_weight in Service(tiny_model_dir).worker.policy_weights().items()
+    )
+    for key, weight in after_kept.items():
+        torch.testing.assert_close(after_recomputed[key], weight, atol=1e-6, rtol=0, msg=key)
