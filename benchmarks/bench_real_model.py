@@ -24,6 +24,10 @@ the processes themselves, reported beside it. Responses are exactly `--new-token
     .venv/bin/python benchmarks/bench_real_model.py --engines hf vllm --steps 3
     .venv/bin/python benchmarks/bench_real_model.py --algorithms ppo --prompts 16   # 16 × 4
     .venv/bin/python benchmarks/bench_real_model.py --device cuda        # on a GPU machine
+    .venv/bin/python benchmarks/bench_real_model.py --no-gradient-checkpointing
+
+Actor and critic recompute activations in backward (gradient checkpointing) unless
+--no-gradient-checkpointing; the in-process reference does the same.
 
 GRPO runs with the reference merged into the rollout service (placement.
 reference_in_rollout) and a KL loss; PPO runs the four services with a KL penalty.
@@ -204,6 +208,8 @@ def overrides(case: Case, args: argparse.Namespace, model_dir: Path, data: Path)
         f"reference.device={args.device}",
         f"reference.micro_batch_samples={args.micro_batch}",
         f"model.dtype={args.dtype}",
+        f"actor.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+        f"critic.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
     ]
     if case.algorithm == "ppo":
         return [
@@ -313,6 +319,8 @@ def compute_reference(model_dir: Path, data: Path, args, algorithm: str) -> dict
         for r in rows
     ]
     policy = load_causal_lm(model_dir, "float32").to(device=device, dtype=DTYPES[args.dtype])
+    if args.gradient_checkpointing:  # the same recomputation the services do
+        policy.gradient_checkpointing_enable({"use_reentrant": False})
     encoded = tokenizer(texts, return_tensors="pt", padding=True).to(device)
     timings: dict[str, float] = {}
 
@@ -353,7 +361,7 @@ def compute_reference(model_dir: Path, data: Path, args, algorithm: str) -> dict
                 scores = score_responses(policy, *part)
                 if grad:
                     scores.log_probs.sum().backward()
-            total += float(scores.log_probs.sum())
+            total += float(scores.log_probs.detach().sum())
         return total
 
     forwards = 3 if algorithm == "ppo" else 2  # log-prob + ref (+ values)
@@ -409,6 +417,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-fixed-cost", action="store_true", help="skip the tiny-model runs")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="actor and critic recompute activations in backward (default on)",
+    )
     args = parser.parse_args()
 
     model_dir = import_smollm2(args.model_dir)
@@ -430,7 +444,8 @@ def main() -> None:
     compute = {a: compute_reference(model_dir, data, args, a) for a in args.algorithms}
     print(
         f"\nSmolLM2-135M, {args.prompts} prompts × {args.responses} responses × "
-        f"{args.new_tokens} new tokens, {args.steps} steps, device {args.device}, {args.dtype}"
+        f"{args.new_tokens} new tokens, {args.steps} steps, device {args.device}, {args.dtype}, "
+        f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
     )
     report(results, compute, fixed)
 

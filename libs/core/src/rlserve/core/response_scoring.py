@@ -40,7 +40,7 @@ from rlserve.core.batch import Batch
 from rlserve.core.lora import is_lora
 from rlserve.core.modeling import position_ids_from_mask
 
-DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_TOKENS = 256
 
 
 @dataclass(frozen=True)

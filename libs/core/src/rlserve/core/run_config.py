@@ -283,7 +283,7 @@ class ActorConfig(ConfigModel):
     forward_max_tokens: int | None = Field(None, ge=1)
     """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
     few long sequences make a small micro-batch; None = by sample count only."""
-    logits_chunk_tokens: int = Field(1024, ge=1)
+    logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk when scoring and training: peak logits memory
     is ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
     gradient_checkpointing: bool = False
@@ -374,7 +374,7 @@ class ReferenceConfig(ConfigModel):
     forward_max_tokens: int | None = Field(None, ge=1)
     """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
     few long sequences make a small micro-batch; None = by sample count only."""
-    logits_chunk_tokens: int = Field(1024, ge=1)
+    logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk (peak logits memory ≈ 3 × this × vocabulary
     floats)."""
     max_batch_samples: int = Field(4096, ge=1)

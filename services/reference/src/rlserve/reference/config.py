@@ -22,7 +22,7 @@ class ReferenceServiceConfig(ConfigModel):
     device: DeviceSetting = "auto"
     """Where each worker computes: 'cuda' (its bundle's GPU), 'cpu', or 'auto' = CUDA
     when the worker sees a GPU."""
-    logits_chunk_tokens: int = Field(1024, ge=1)
+    logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk: peak logits memory is ≈ 3 × this × vocabulary
     floats, whatever the batch and sequence length."""
     num_cpus_per_worker: float = Field(1.0, gt=0)

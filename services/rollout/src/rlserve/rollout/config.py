@@ -55,7 +55,7 @@ class RolloutServiceConfig(ConfigModel):
     """LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
     lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
     """Module names (e.g. [q_proj, v_proj]) that get adapters, or 'all-linear'."""
-    logits_chunk_tokens: int = Field(1024, ge=1)
+    logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk when scoring and training: peak logits memory is
     ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
