@@ -58,8 +58,14 @@ def build_training_engine(
     """Wraps `model` in a DeepSpeed engine with AdamW; the process group must exist."""
     import deepspeed
 
+    # foreach=False: the multi-tensor AdamW allocates temporaries the size of all the
+    # parameters at once (e.g. sqrt of every second moment), a whole model's worth of peak
+    # memory in a training worker; the per-tensor loop needs one tensor's worth.
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+        [p for p in model.parameters() if p.requires_grad],
+        lr=lr,
+        weight_decay=weight_decay,
+        foreach=False,
     )
     config = deepspeed_config(zero_stage, micro_batch_samples, grad_accum_steps, grad_clip, dtype)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
