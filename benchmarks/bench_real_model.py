@@ -276,21 +276,9 @@ def run_case(case: Case, args, model_dir: Path, data: Path, work: Path) -> dict:
         values = [r[key] for r in steps if key in r]
         return statistics.fmean(values) if values else float("nan")
 
-    stages = {
-        key: mean(f"time/{key}_s")
-        for key in (
-            "generate",
-            "log_prob",
-            "ref_log_prob",
-            "values",
-            "reward",
-            "forward_wall",
-            "update_actor",
-            "update_critic",
-            "update_wall",
-            "step",
-        )
-    }
+    # Every stage the trainer timed (time/<stage>_s), in the order it logs them.
+    timed = [key for key in steps[0] if key.startswith("time/") and key.endswith("_s")]
+    stages = {key.removeprefix("time/").removesuffix("_s"): mean(key) for key in timed}
     return {
         "case": case,
         "memory": memory,
@@ -389,7 +377,7 @@ def report(results: list[dict], compute: dict[str, dict[str, float]], fixed: dic
         )
         print(f"  {case.name:<18} node +{memory.node_added / GIB:5.2f} GiB | PSS GiB: {kinds}")
         stages = result["stages"]
-        line = ", ".join(f"{k} {v:.2f}" for k, v in stages.items() if v == v)
+        line = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
         print(f"  {'':<18} stages s: {line}; {result['tokens_per_s']:.0f} tokens/s")
         if case.model == "real" and case.algorithm in compute:
             reference = compute[case.algorithm]
