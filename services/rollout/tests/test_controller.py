@@ -332,7 +332,7 @@ class CallRecorder:
 
 def test_update_sleeps_the_generation_engine_and_wakes_it_for_the_sync(service, monkeypatch):
     """vllm.sleep_while_training's protocol (no-ops for 'hf'): sleep before training,
-    wake before the weight load, and wake before generating (an update that failed
+    wake before the weight sync, and wake before generating (an update that failed
     half-way leaves the engine asleep)."""
     recorder = CallRecorder(service.worker.generation)
     monkeypatch.setattr(service.worker, "generation", recorder)
@@ -341,7 +341,26 @@ def test_update_sleeps_the_generation_engine_and_wakes_it_for_the_sync(service, 
     recorder.calls.clear()
     step, version = service.controller.last_applied_step + 1, service.controller.weights_version
     service.update_actor(step, version, batch)
-    assert recorder.calls == ["sleep", "wake_up", "load_weights"]
+    # The hf engine generates with the training module itself: nothing to load.
+    assert recorder.calls == ["sleep", "wake_up"]
+
+
+def test_hf_generation_shares_the_training_module_only_where_it_holds_plain_weights(
+    service, process_group, tiny_model_dir, tmp_path
+):
+    worker = service.worker
+    assert worker.generation.model is worker.engine.module
+    # Generating leaves the module's mode and its own generation config (saved with
+    # checkpoints) as they were.
+    worker.engine.train()
+    config = worker.engine.module.generation_config
+    service.generate(prompts_batch(), SAMPLING)
+    assert worker.engine.module.training
+    assert worker.engine.module.generation_config is config
+    # Partitioned (ZeRO-3) or adapter-wrapped (LoRA) modules get a copy of their own.
+    for overrides in ({"zero_stage": 3}, {"lora_rank": 4}):
+        other = Service(tiny_model_dir, **overrides).worker
+        assert other.generation.model is not other.engine.module, overrides
 
 
 def test_zero3_actor_scores_and_trains_through_partitioned_weights(process_group, tiny_model_dir):

@@ -1,10 +1,12 @@
-"""The 'hf' generation engine: transformers `generate` on an inference copy of the policy.
+"""The 'hf' generation engine: transformers `generate` on the policy's weights.
 
 Choices:
-- The engine owns its own copy of the model (eval mode, no grad), separate from the
-  DeepSpeed training module, so generation never touches optimizer-owned (possibly
-  ZeRO-partitioned) parameters; `load_weights` copies the actor's weights in after each
-  update.
+- Two ways to hold the weights. By default the engine loads its own copy (eval mode, no
+  grad) and `load_weights` copies the actor's weights in after each update. Given the
+  training module itself (`shared_model`, which the rollout worker passes when the
+  module holds whole plain weights: ZeRO stage 0-2, no LoRA) it generates with that
+  module in eval mode and holds no second copy: one model's worth of memory less, and
+  no weight sync.
 - Prompts are left-padded into one batch and each is repeated n times up front (prompt
   major), so greedy decoding with n > 1 works too (transformers refuses
   num_return_sequences > 1 without sampling) and the KV cache serves the whole batch.
@@ -21,6 +23,8 @@ Choices:
 from __future__ import annotations
 
 import torch
+from contextlib import contextmanager
+
 from transformers import GenerationConfig
 
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
@@ -32,17 +36,27 @@ class HFGenerationEngine:
 
     name = "hf"
 
-    def __init__(self, model_path: str, dtype: str = "float32", device: torch.device | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        device: torch.device | None = None,
+        shared_model: torch.nn.Module | None = None,
+    ):
         self.device = device or torch.device("cpu")
-        self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
-        self.model.requires_grad_(False)
+        self.shares_weights = shared_model is not None
+        if shared_model is None:
+            self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
+            self.model.requires_grad_(False)
+        else:
+            self.model = shared_model
         tokenizer = load_tokenizer(model_path)
         self.pad_token_id: int = tokenizer.pad_token_id
         self.eos_token_ids: frozenset[int] = _eos_token_ids(self.model, tokenizer)
         # transformers fills every setting a call leaves None from the model's
         # generation_config.json (a checkpoint may ship top_k, repetition_penalty, EOS...);
         # a neutral one makes each request's SamplingSettings the whole story.
-        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
+        self.neutral_generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
@@ -68,7 +82,10 @@ class HFGenerationEngine:
             use_cache=True,
         )
         cuda_devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda_devices, enabled=sampling.seed is not None):
+        with (
+            self._inference_mode(),
+            torch.random.fork_rng(devices=cuda_devices, enabled=sampling.seed is not None),
+        ):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             output = self.model.generate(
@@ -94,8 +111,24 @@ class HFGenerationEngine:
             ]
         return Generated(response_ids=response_ids, log_probs=log_probs)
 
+    @contextmanager
+    def _inference_mode(self):
+        """Eval mode and the neutral generation config for one call; a shared training
+        module gets its mode and config back (its config is saved with checkpoints)."""
+        was_training, saved_config = self.model.training, self.model.generation_config
+        self.model.eval()
+        self.model.generation_config = self.neutral_generation_config
+        try:
+            yield
+        finally:
+            self.model.generation_config = saved_config
+            self.model.train(was_training)
+
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copies the actor's weights in (HF parameter names; tied weights may be absent)."""
+        """Copies the actor's weights in (HF parameter names; tied weights may be absent).
+        With a shared model there is nothing to copy: the weights are the actor's own."""
+        if self.shares_weights:
+            return
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         if unexpected:
             raise ValueError(f"weights not in the generation model: {sorted(unexpected)[:5]}")

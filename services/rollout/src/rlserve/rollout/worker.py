@@ -1,11 +1,13 @@
 """ActorWorker: one data-parallel rank of the rollout service (a Ray actor, or in-process).
 
-Each rank holds two copies of the policy: the training module inside a DeepSpeed engine
-(ZeRO stage, AdamW, grad clipping and accumulation from DeepSpeed's config; NCCL between
-CUDA ranks, gloo on CPU), and a generation engine with its own inference weights ('hf'
-here, 'vllm' loaded lazily). After every update the rank copies the full weights from
-the first into the second (with LoRA: base + adapters merged), so generation always runs
-the latest policy. Log-probs are computed with the training module, the source of truth
+Each rank holds the training module inside a DeepSpeed engine (ZeRO stage, AdamW, grad
+clipping and accumulation from DeepSpeed's config; NCCL between CUDA ranks, gloo on CPU)
+and a generation engine ('hf' here, 'vllm' loaded lazily). The 'hf' engine generates
+with the training module itself when that module holds whole plain weights (ZeRO stage
+0-2, no LoRA): one copy of the policy. Otherwise (vLLM, ZeRO-3's partitioned
+parameters, LoRA) the engine has its own inference weights, and after every update the
+rank copies the full weights into them (with LoRA: base + adapters merged), so
+generation always runs the latest policy. Log-probs are computed with the training module, the source of truth
 that UpdateActor's ratios are taken against, on response tokens only and in chunks
 (rlserve.core.response_scoring). Models and micro-batches live on the rank's device
 (rlserve.core.devices); results go back to the CPU for the service boundary.
@@ -66,13 +68,15 @@ def make_generation_engine(
     seed: int,
     device: torch.device | None = None,
     vllm: dict[str, Any] | None = None,
+    shared_model: torch.nn.Module | None = None,
 ) -> GenerationEngine:
     """The one place that maps an engine name to its class. `vllm`: the fields of
-    rlserve.core.vllm_config.VllmConfig (model_dump), keyword arguments of the vLLM engine."""
+    rlserve.core.vllm_config.VllmConfig (model_dump), keyword arguments of the vLLM engine.
+    `shared_model`: the training module, for the hf engine to generate with (no copy)."""
     if name == "hf":
         from rlserve.rollout.hf_engine import HFGenerationEngine
 
-        return HFGenerationEngine(model_path, dtype, device)
+        return HFGenerationEngine(model_path, dtype, device, shared_model=shared_model)
     if name == "vllm":
         # Imported here: vLLM is optional and heavy, and only this engine needs it.
         from rlserve.rollout.vllm_engine import VLLMGenerationEngine
@@ -205,6 +209,7 @@ class ActorWorker:
         # would otherwise create a world-size-1 default group of its own.
         self.engine: Any = None
         self.generation: GenerationEngine | None = None
+        self.generation_shares_weights = False
         self.serve_reference = serve_reference
         self.reference: torch.nn.Module | None = None
 
@@ -231,8 +236,17 @@ class ActorWorker:
             weight_decay=settings.weight_decay,
             dtype=self.dtype,
         )
+        self.generation_shares_weights = (
+            self.engine_name == "hf" and settings.zero_stage < 3 and self.lora is None
+        )
         self.generation = make_generation_engine(
-            self.engine_name, self.model_path, self.dtype, self.seed, self.device, vllm=self.vllm
+            self.engine_name,
+            self.model_path,
+            self.dtype,
+            self.seed,
+            self.device,
+            vllm=self.vllm,
+            shared_model=self.engine.module if self.generation_shares_weights else None,
         )
         # A LoRA actor's reference is its own base (adapters off): no second copy.
         if self.serve_reference and self.lora is None:
@@ -410,9 +424,7 @@ class ActorWorker:
         result = {key: value / micro_count for key, value in sums.items()}
         result.update({key: value / step_count for key, value in step_sums.items()})
         result["tokens"] = float(batch["response_mask"].sum())
-        with tracing.span("actor.weight_sync", engine=self.engine_name):
-            self.generation.wake_up()
-            self.generation.load_weights(self.policy_weights())
+        self._sync_generation_weights()
         return result
 
     def _micro_batch_loss(
@@ -484,6 +496,15 @@ class ActorWorker:
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer state, syncs the generation engine; the client_state."""
         client_state = load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)
-        self.generation.wake_up()
-        self.generation.load_weights(self.policy_weights())
+        self._sync_generation_weights()
         return client_state
+
+    def _sync_generation_weights(self) -> None:
+        """Wakes the generation engine and gives it the policy's latest weights (nothing
+        to copy when it shares the training module; the span stays, so every trace has
+        the stage)."""
+        copies = not self.generation_shares_weights
+        with tracing.span("actor.weight_sync", engine=self.engine_name, copied=copies):
+            self.generation.wake_up()
+            if copies:
+                self.generation.load_weights(self.policy_weights())
