@@ -10,6 +10,7 @@ from rlserve.core.embedded.warmup import (
     IGNORE_INDEX,
     collate_sft,
     encode_sft_rows,
+    StopAtAccuracy,
     supervised_warmup,
 )
 
@@ -72,9 +73,30 @@ def test_warmup_learns_a_fixed_answer(saved):
     model = AutoModelForCausalLM.from_pretrained(directory)
     rows = [{"prompt": f"{a}+0=", "ground_truth": "7"} for a in range(10)]
     assert greedy_accuracy(model, tokenizer, rows, max_new_tokens=2) == 0.0
-    losses = supervised_warmup(model, tokenizer, rows, steps=60, batch_size=8, lr=1e-2, seed=0)
-    assert losses[-1] < losses[0] / 4
+    warmup = supervised_warmup(model, tokenizer, rows, steps=60, batch_size=8, lr=1e-2, seed=0)
+    assert warmup.steps == 60 and warmup.checks == [] and not warmup.reached_target
+    assert warmup.losses[-1] < warmup.losses[0] / 4
     assert greedy_accuracy(model, tokenizer, rows, max_new_tokens=2, batch_prompts=3) == 1.0
+
+
+def test_warmup_stops_at_the_first_check_that_reaches_its_target(saved):
+    directory, _ = saved
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    rows = [{"prompt": f"{a}+0=", "ground_truth": "7"} for a in range(10)]
+    stop = StopAtAccuracy(rows[:4], target=1.0, every_steps=5, max_new_tokens=2)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    warmup = supervised_warmup(model, tokenizer, rows[4:], 60, 4, 1e-2, seed=0, stop=stop)
+    assert warmup.reached_target and warmup.steps < 60
+    steps = [step for step, _ in warmup.checks]
+    assert steps == list(range(5, warmup.steps + 1, 5))
+    assert all(accuracy < 1.0 for _, accuracy in warmup.checks[:-1])
+    assert greedy_accuracy(model, tokenizer, rows[:4], max_new_tokens=2) == 1.0
+    # Out of reach: runs every step, checks at the end too, and says it missed.
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    never = StopAtAccuracy(rows[:4], target=1.0, every_steps=4, max_new_tokens=2)
+    warmup = supervised_warmup(model, tokenizer, rows[4:], 6, 4, 1e-6, seed=0, stop=never)
+    assert warmup.steps == 6 and [s for s, _ in warmup.checks] == [4, 6]
+    assert not warmup.reached_target
 
 
 def test_exact_match_ignores_surrounding_space_only():

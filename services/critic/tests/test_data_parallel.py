@@ -3,7 +3,8 @@
 Both apps start from an exported critic whose head is not zero, so the values compared
 are not trivially 0. The update runs 2 epochs × 2 mini-batches of 4 rows with
 micro-batches of 1: one worker accumulates 4 micro-batches per optimizer step, two
-workers 2 each and all-reduce; the two-worker app also runs ZeRO-1 (one worker: ZeRO-0).
+workers 2 each and all-reduce, once under ZeRO-1 and once under ZeRO-0 (whose all-reduce
+runs in buckets; one worker: ZeRO-0, no reduction).
 Tolerances: 1e-5 for values (only float summation order
 differs), 1e-4 relative for metrics and values after the update.
 """
@@ -17,8 +18,13 @@ from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.critic.app import build_app
 from rlserve.v1 import common_pb2, critic_pb2, critic_pb2_grpc
 
-APPS = {1: "critic-dp1-test", 2: "critic-dp2-test"}
-ZERO_STAGES = {1: 0, 2: 1}  # also checks that ZeRO-1's partitioned optimizer trains the same
+# key -> (app, workers, ZeRO stage); key 2 also checks that ZeRO-1's partitioned optimizer
+# trains the same.
+APPS = {
+    1: ("critic-dp1-test", 1, 0),
+    2: ("critic-dp2-test", 2, 1),
+    "2-zero0": ("critic-dp2-zero0-test", 2, 0),
+}
 TIMEOUT_S = 120.0
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
@@ -26,11 +32,11 @@ SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 @pytest.fixture(scope="module")
 def stubs(serve_cluster, critic_model_dir):
     targets = []
-    for workers, app in APPS.items():
+    for app, workers, zero_stage in APPS.values():
         args = {
             "model_path": str(critic_model_dir),
             "workers": workers,
-            "zero_stage": ZERO_STAGES[workers],
+            "zero_stage": zero_stage,
             "ppo_mini_batch_samples": 4,
             "micro_batch_samples": 1,
             "forward_micro_batch_samples": 2,
@@ -41,16 +47,20 @@ def stubs(serve_cluster, critic_model_dir):
         targets.append(serve.RunTarget(build_app(args), name=app, route_prefix=f"/{app}"))
     serve.run_many(targets)  # together: their workers start in parallel
     channel = serve_cluster.channel()
-    yield {workers: critic_pb2_grpc.CriticServiceStub(channel) for workers in APPS}
+    yield {key: critic_pb2_grpc.CriticServiceStub(channel) for key in APPS}
     channel.close()
-    for app in APPS.values():
+    for app, _, _ in APPS.values():
         serve.delete(app)
 
 
-def values(stubs, workers: int, batch: Batch) -> torch.Tensor:
-    response = stubs[workers].ComputeValues(
+def metadata(key) -> tuple[tuple[str, str]]:
+    return (("application", APPS[key][0]),)
+
+
+def values(stubs, key, batch: Batch) -> torch.Tensor:
+    response = stubs[key].ComputeValues(
         critic_pb2.ComputeValuesRequest(batch=batch_to_proto(batch.select(SEQUENCE_KEYS))),
-        metadata=(("application", APPS[workers]),),
+        metadata=metadata(key),
         timeout=TIMEOUT_S,
     )
     return batch_from_proto(response.batch).tensors["values"]
@@ -59,7 +69,7 @@ def values(stubs, workers: int, batch: Batch) -> torch.Tensor:
 def test_two_workers_agree_with_one(stubs, make_batch):
     info = (
         stubs[2]
-        .GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=(("application", APPS[2]),))
+        .GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=metadata(2))
         .info
     )
     assert [w.rank for w in info.workers] == [0, 1]
@@ -73,29 +83,30 @@ def test_two_workers_agree_with_one(stubs, make_batch):
     batch = make_batch(8, seed=32)
     before = values(stubs, 1, batch)
     metrics = {}
-    for workers, app in APPS.items():
-        response = stubs[workers].UpdateCritic(
+    for key in APPS:
+        response = stubs[key].UpdateCritic(
             critic_pb2.UpdateCriticRequest(step=0, batch=batch_to_proto(batch)),
-            metadata=(("application", app),),
+            metadata=metadata(key),
             timeout=TIMEOUT_S,
         )
         assert (response.weights_version, response.replayed) == (1, False)
-        metrics[workers] = response.metrics
-    for key in ("vf_loss", "vf_clipfrac", "grad_norm", "lr", "tokens", "mini_batches"):
-        assert metrics[2][key] == pytest.approx(metrics[1][key], rel=1e-4, abs=1e-7), key
-    assert 0 < metrics[1]["vf_clipfrac"] < 1
-    after_one, after_two = values(stubs, 1, batch), values(stubs, 2, batch)
+        metrics[key] = response.metrics
+    after_one = values(stubs, 1, batch)
     assert not torch.allclose(after_one, before, atol=1e-3)  # the update moved the values
-    torch.testing.assert_close(after_two, after_one, atol=1e-4, rtol=1e-4)
+    assert 0 < metrics[1]["vf_clipfrac"] < 1
+    for two in (2, "2-zero0"):
+        for name in ("vf_loss", "vf_clipfrac", "grad_norm", "lr", "tokens", "mini_batches"):
+            expected = pytest.approx(metrics[1][name], rel=1e-4, abs=1e-7)
+            assert metrics[two][name] == expected, (two, name)
+        torch.testing.assert_close(values(stubs, two, batch), after_one, atol=1e-4, rtol=1e-4)
 
 
 def test_two_worker_checkpoint_save_update_load_restores(stubs, make_batch, tmp_path):
-    metadata = (("application", APPS[2]),)
     location = common_pb2.CheckpointLocation(path=str(tmp_path))
     batch = make_batch(4, seed=33)
     saved_at = stubs[2].SaveCheckpoint(
         critic_pb2.CriticServiceSaveCheckpointRequest(location=location),
-        metadata=metadata,
+        metadata=metadata(2),
         timeout=TIMEOUT_S,
     )
     saved = values(stubs, 2, batch)
@@ -103,14 +114,14 @@ def test_two_worker_checkpoint_save_update_load_restores(stubs, make_batch, tmp_
         critic_pb2.UpdateCriticRequest(
             step=saved_at.last_applied_step + 1, batch=batch_to_proto(batch)
         ),
-        metadata=metadata,
+        metadata=metadata(2),
         timeout=TIMEOUT_S,
     )
     assert moved.weights_version == saved_at.weights_version + 1
     assert not torch.equal(values(stubs, 2, batch), saved)
     loaded = stubs[2].LoadCheckpoint(
         critic_pb2.CriticServiceLoadCheckpointRequest(location=location),
-        metadata=metadata,
+        metadata=metadata(2),
         timeout=TIMEOUT_S,
     )
     assert (loaded.weights_version, loaded.last_applied_step) == (

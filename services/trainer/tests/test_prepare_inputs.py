@@ -107,7 +107,7 @@ def test_embedded_default_is_checked_once_built(tmp_path):
             "model.tiny.num_layers=1",
             "model.tiny.num_heads=2",
             "model.tiny.intermediate_size=32",
-            "model.tiny.sft_steps=0",
+            "model.tiny.sft_max_steps=0",
             "data.arithmetic.train_pairs=4",
             "data.arithmetic.eval_pairs=2",
             "rollout.eval_prompts=2",

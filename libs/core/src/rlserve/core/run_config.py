@@ -92,12 +92,21 @@ class TinyModelConfig(ConfigModel):
     """Attention heads per block; must divide hidden_size."""
     intermediate_size: int = Field(256, ge=1)
     """Width of each block's MLP."""
-    sft_steps: int = Field(400, ge=0)
-    """Supervised warm-up steps on the training pairs before RL (0 = start from random)."""
+    sft_max_steps: int = Field(1500, ge=0)
+    """Most supervised warm-up steps on the training pairs before RL (0 = start from
+    random); the warm-up stops earlier once it reaches sft_target_accuracy."""
     sft_batch_samples: int = Field(128, ge=1)
     """Samples per supervised warm-up step."""
     sft_lr: float = Field(1e-3, gt=0)
     """AdamW learning rate of the supervised warm-up."""
+    sft_target_accuracy: float | None = Field(0.30, gt=0, le=1)
+    """Stop the warm-up once greedy accuracy on sft_check_prompts training pairs it does
+    not train on reaches this (0..1), so RL starts from the same place whatever the seed
+    or CPU; None trains all sft_max_steps."""
+    sft_check_every_steps: int = Field(10, ge=1)
+    """Warm-up steps between accuracy checks."""
+    sft_check_prompts: int = Field(256, ge=1)
+    """Training pairs held out of the warm-up to check its accuracy on (RL still uses them)."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TinyModelConfig:
@@ -169,9 +178,6 @@ class DataConfig(ConfigModel):
     naming the first such row. The run prints how many rows were dropped or cut."""
     arithmetic: ArithmeticTaskConfig = Field(default_factory=ArithmeticTaskConfig)
     """The embedded task; used only where train_path / eval_path is None."""
-    seed: int = 0
-    """Seed for generating the embedded task and shuffling prompts."""
-
     @field_validator("train_path", "eval_path")
     @classmethod
     def _known_suffix(cls, value: str | None) -> str | None:
@@ -646,7 +652,8 @@ class TrainerConfig(ConfigModel):
     prompts_per_step: int = Field(256, ge=1)
     """Prompts per PPO step (samples per step = prompts × rollout.responses_per_prompt)."""
     seed: int = 0
-    """Seed for model initialisation and sampling."""
+    """The run's one seed: the embedded task's train/held-out split, the tiny model's
+    initialisation and warm-up, the order prompts are drawn in, and sampling."""
     checkpoint_every_steps: int = Field(20, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0 = only at the end."""
     run_dir: str = "runs/embedded_default"

@@ -123,7 +123,7 @@ class PPOTrainer:
         self.config = config
         self.clients = clients
         self.tokenizer = tokenizer
-        self.stream = PromptStream(train_rows, seed=config.data.seed)
+        self.stream = PromptStream(train_rows, seed=config.trainer.seed)
         self.eval_rows = eval_rows[: config.rollout.eval_prompts]
         self.run_dir = run_dir
         self.kl_controller = _kl_controller(config)

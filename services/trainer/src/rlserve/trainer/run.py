@@ -51,11 +51,17 @@ class RunInputs:
     warmup_accuracy: float | None = None
     """Local greedy accuracy right after the embedded warm-up (None for user models)."""
     warmup_s: float | None = None
+    warmup_steps: int | None = None
+    warmup_reached_target: bool | None = None
 
 
 @dataclass(frozen=True)
 class RunSummary:
     run_dir: str
+    seed: int
+    """trainer.seed, the run's one seed."""
+    warmup_steps: int | None
+    """Supervised warm-up steps of the embedded default (None for user models)."""
     steps: int
     accuracy_before: float | None
     accuracy_after: float | None
@@ -91,6 +97,8 @@ def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
             eval_path=config.data.eval_path or str(built.eval_path),
             warmup_accuracy=built.warmup_accuracy,
             warmup_s=built.warmup_s,
+            warmup_steps=built.warmup_steps,
+            warmup_reached_target=built.warmup_reached_target,
         )
     model_dir = Path(config.model.path)
     if not (model_dir / "config.json").is_file():
@@ -298,6 +306,8 @@ async def _train_on_services(
     plot_curves(records, curves)
     summary = RunSummary(
         run_dir=str(run_dir),
+        seed=config.trainer.seed,
+        warmup_steps=inputs.warmup_steps,
         steps=trainer.state.step,
         accuracy_before=evaluated[0]["eval_accuracy"] if evaluated else accuracy_before,
         accuracy_after=evaluated[-1]["eval_accuracy"] if evaluated else None,
@@ -355,8 +365,17 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
         inputs = prepare_inputs(config, run_dir)
         inputs_file.write_text(json.dumps(asdict(inputs), indent=1))
     if inputs.warmup_accuracy is not None:
+        tiny = config.model.tiny
+        target = (
+            ""
+            if tiny.sft_target_accuracy is None
+            else f"target {100 * tiny.sft_target_accuracy:.0f}% "
+            + ("reached" if inputs.warmup_reached_target else "NOT reached")
+            + "; "
+        )
         console.print(
-            f"warm-up done in {inputs.warmup_s:.1f} s; local held-out accuracy "
+            f"warm-up (seed {config.trainer.seed}): {inputs.warmup_steps} steps in "
+            f"{inputs.warmup_s:.1f} s; {target}held-out accuracy "
             f"{100 * inputs.warmup_accuracy:.1f}%"
         )
     address, local = start_cluster(config, run_dir)
@@ -397,9 +416,10 @@ def print_summary(summary: RunSummary) -> None:
         if summary.accuracy_before is not None and summary.accuracy_after is not None
         else ""
     )
+    warmup = "" if summary.warmup_steps is None else f", warm-up {summary.warmup_steps} steps"
     print(
         f"rlserve run finished: {summary.steps} PPO steps in {summary.train_s:.0f} s "
-        f"(whole command {summary.total_s:.0f} s)\n"
+        f"(whole command {summary.total_s:.0f} s), seed {summary.seed}{warmup}\n"
         f"  held-out accuracy: before PPO {pct(summary.accuracy_before)}, "
         f"after {pct(summary.accuracy_after)}{gain}\n"
         f"  run directory: {summary.run_dir}\n"

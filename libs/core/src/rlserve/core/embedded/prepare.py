@@ -13,7 +13,8 @@ from rlserve.core.embedded.evaluate import greedy_accuracy
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
-from rlserve.core.embedded.warmup import supervised_warmup
+from rlserve.core.config import ConfigError
+from rlserve.core.embedded.warmup import StopAtAccuracy, supervised_warmup
 from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
 
 
@@ -28,6 +29,10 @@ class EmbeddedDefault:
     """Held-out greedy exact-match accuracy of the warmed-up model (0..1)."""
     warmup_final_loss: float
     warmup_s: float
+    warmup_steps: int
+    warmup_reached_target: bool
+    """False when the warm-up ran all sft_max_steps without reaching its target (or had
+    none)."""
 
 
 def prepare_embedded_default(
@@ -56,14 +61,30 @@ def prepare_embedded_default(
     write_jsonl(eval_rows, data_dir / "eval.jsonl")
 
     started = time.perf_counter()
-    losses = supervised_warmup(
+    stop = None
+    if tiny.sft_target_accuracy is not None and tiny.sft_max_steps:
+        if tiny.sft_check_prompts >= len(train_rows):
+            raise ConfigError(
+                "model.tiny.sft_check_prompts",
+                f"{tiny.sft_check_prompts} leaves no training pairs for the warm-up out of "
+                f"{len(train_rows)}; lower it or raise data.arithmetic.train_pairs",
+            )
+        check_rows = train_rows[-tiny.sft_check_prompts :]
+        warmup_rows = train_rows[: -tiny.sft_check_prompts]
+        stop = StopAtAccuracy(
+            check_rows, tiny.sft_target_accuracy, tiny.sft_check_every_steps, max_new_tokens
+        )
+    else:
+        warmup_rows = train_rows
+    warmup = supervised_warmup(
         model,
         tokenizer,
-        train_rows,
-        steps=tiny.sft_steps,
+        warmup_rows,
+        steps=tiny.sft_max_steps,
         batch_size=tiny.sft_batch_samples,
         lr=tiny.sft_lr,
         seed=seed,
+        stop=stop,
     )
     warmup_s = time.perf_counter() - started
     save_model(model, model_dir)
@@ -73,6 +94,8 @@ def prepare_embedded_default(
         train_path=data_dir / "train.jsonl",
         eval_path=data_dir / "eval.jsonl",
         warmup_accuracy=accuracy,
-        warmup_final_loss=losses[-1] if losses else float("nan"),
+        warmup_final_loss=warmup.losses[-1] if warmup.losses else float("nan"),
         warmup_s=warmup_s,
+        warmup_steps=warmup.steps,
+        warmup_reached_target=warmup.reached_target,
     )

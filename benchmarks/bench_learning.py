@@ -1,0 +1,147 @@
+"""Does the default run learn on every seed? `rlserve train` on the embedded default, per seed.
+
+For each seed, one whole `rlserve train trainer.seed=S` (its own local Ray cluster), then
+one table:
+
+- warm-up: steps the supervised warm-up took to reach model.tiny.sft_target_accuracy
+  and the held-out accuracy it left (the run's own greedy evaluation of the warmed-up
+  model, before Ray starts);
+- before / after: held-out accuracy through the services at step 0 and after the last
+  step, and the gain in points;
+- RL s to +20: seconds of PPO steps and evaluations until an evaluation first reached
+  before + 20 points (— if none did);
+- whole s: the whole command, warm-up and cluster start included;
+- independent: the warmed-up model and the final checkpoint's `rollout/model` loaded in
+  plain transformers and scored by greedy exact match on all held-out pairs, not
+  through the services, so the two scorings can be compared.
+
+    .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4
+    .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4 --algorithm grpo
+    .venv/bin/python benchmarks/bench_learning.py --seeds 3 -- trainer.total_steps=30
+
+Arguments after `--` are passed to every run as config overrides. GRPO runs README's
+recipe (no critic, 8 responses per prompt, KL loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GRPO_RECIPE = [
+    "algorithm.adv_estimator=grpo",
+    "algorithm.kl_ctrl.kl_coef=0",
+    "trainer.prompts_per_step=64",
+    "rollout.responses_per_prompt=8",
+    "actor.lr=1e-4",
+    "actor.use_kl_loss=true",
+    "actor.kl_loss_coef=0.04",
+    "actor.ppo_mini_batch_prompts=16",
+]
+GAIN_POINTS = 20.0
+
+
+def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dict:
+    run_root = work / f"{algorithm}-seed{seed}"
+    command = [
+        sys.executable,
+        "-m",
+        "rlserve.trainer.cli",
+        "train",
+        f"trainer.run_dir={run_root}",
+        f"trainer.seed={seed}",
+        *(GRPO_RECIPE if algorithm == "grpo" else []),
+        *overrides,
+    ]
+    print(f"[seed {seed}] {' '.join(command[3:])}", flush=True)
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True)
+    whole_s = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed:\n{completed.stderr[-3000:]}")
+    (run_dir,) = [p for p in run_root.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    inputs = json.loads((run_dir / "inputs.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "seed": seed,
+        "warmup_steps": inputs["warmup_steps"],
+        "warmup_accuracy": inputs["warmup_accuracy"],
+        "before": summary["accuracy_before"],
+        "after": summary["accuracy_after"],
+        "rl_s_to_gain": rl_seconds_to_gain(records, summary["accuracy_before"]),
+        "whole_s": whole_s,
+        "independent": independent_accuracy(run_dir, inputs, summary["checkpoint"]),
+    }
+
+
+def rl_seconds_to_gain(records: list[dict], before: float) -> float | None:
+    """Seconds of steps and evaluations until an evaluation first reached before + 20."""
+    elapsed = 0.0
+    for record in records:
+        if record.get("step", 0) == 0:
+            continue
+        elapsed += record.get("time/step_s", 0.0) + record.get("time/eval_s", 0.0)
+        if record.get("eval_accuracy", -1.0) >= before + GAIN_POINTS / 100:
+            return elapsed
+    return None
+
+
+def independent_accuracy(run_dir: Path, inputs: dict, checkpoint: str) -> tuple[float, float]:
+    """(warmed-up, final) greedy accuracy on every held-out pair, in plain transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlserve.core.embedded.evaluate import greedy_accuracy
+    from rlserve.core.embedded.task import read_jsonl
+
+    rows = read_jsonl(Path(inputs["eval_path"]))
+    scores = []
+    for model_dir in (Path(inputs["model_dir"]), Path(checkpoint) / "rollout" / "model"):
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        scores.append(greedy_accuracy(model, tokenizer, rows, max_new_tokens=4))
+    return scores[0], scores[1]
+
+
+def report(algorithm: str, results: list[dict]) -> None:
+    pct = lambda value: "—" if value is None else f"{100 * value:.1f}%"  # noqa: E731
+    print(f"\n{algorithm}: held-out accuracy per seed (services: 500 pairs; independent: all)")
+    print(
+        "| seed | warm-up steps | warm-up acc | before | after | gain | RL s to +20 | whole s "
+        "| independent before → after (gain) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        gain = 100 * (r["after"] - r["before"])
+        low, high = r["independent"]
+        to_gain = "—" if r["rl_s_to_gain"] is None else f"{r['rl_s_to_gain']:.0f}"
+        print(
+            f"| {r['seed']} | {r['warmup_steps']} | {pct(r['warmup_accuracy'])} "
+            f"| {pct(r['before'])} | {pct(r['after'])} | {gain:+.1f} | {to_gain} "
+            f"| {r['whole_s']:.0f} | {pct(low)} → {pct(high)} ({100 * (high - low):+.1f}) |"
+        )
+    gains = [100 * (r["after"] - r["before"]) for r in results]
+    print(f"gain: min {min(gains):+.1f}, median {statistics.median(gains):+.1f} points")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--algorithm", choices=["ppo", "grpo"], default="ppo")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_learning_"))
+    results = []
+    for seed in args.seeds:
+        results.append(run_seed(seed, args.algorithm, args.overrides, work))
+        report(args.algorithm, results)  # so far, in case a later seed fails
+
+
+if __name__ == "__main__":
+    main()
