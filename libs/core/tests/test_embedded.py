@@ -8,9 +8,9 @@ from rlserve.core.embedded.task import addition_rows, read_jsonl, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.core.embedded.warmup import (
     IGNORE_INDEX,
+    StopAtAccuracy,
     collate_sft,
     encode_sft_rows,
-    StopAtAccuracy,
     supervised_warmup,
 )
 

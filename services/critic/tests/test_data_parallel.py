@@ -67,11 +67,7 @@ def values(stubs, key, batch: Batch) -> torch.Tensor:
 
 
 def test_two_workers_agree_with_one(stubs, make_batch):
-    info = (
-        stubs[2]
-        .GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=metadata(2))
-        .info
-    )
+    info = stubs[2].GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=metadata(2)).info
     assert [w.rank for w in info.workers] == [0, 1]
     assert info.workers[0].pid != info.workers[1].pid
 

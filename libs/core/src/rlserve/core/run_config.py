@@ -178,6 +178,7 @@ class DataConfig(ConfigModel):
     naming the first such row. The run prints how many rows were dropped or cut."""
     arithmetic: ArithmeticTaskConfig = Field(default_factory=ArithmeticTaskConfig)
     """The embedded task; used only where train_path / eval_path is None."""
+
     @field_validator("train_path", "eval_path")
     @classmethod
     def _known_suffix(cls, value: str | None) -> str | None:

@@ -22,9 +22,9 @@ Choices:
 
 from __future__ import annotations
 
-import torch
 from contextlib import contextmanager
 
+import torch
 from transformers import GenerationConfig
 
 from rlserve.core.modeling import load_causal_lm, load_tokenizer

@@ -7,8 +7,9 @@ with the training module itself when that module holds whole plain weights (ZeRO
 0-2, no LoRA): one copy of the policy. Otherwise (vLLM, ZeRO-3's partitioned
 parameters, LoRA) the engine has its own inference weights, and after every update the
 rank copies the full weights into them (with LoRA: base + adapters merged), so
-generation always runs the latest policy. Log-probs are computed with the training module, the source of truth
-that UpdateActor's ratios are taken against, on response tokens only and in chunks
+generation always runs the latest policy. Log-probs are computed with the training
+module, the source of truth that UpdateActor's ratios are taken against, on response
+tokens only and in chunks
 (rlserve.core.response_scoring). Models and micro-batches live on the rank's device
 (rlserve.core.devices); results go back to the CPU for the service boundary.
 

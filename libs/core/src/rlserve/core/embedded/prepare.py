@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlserve.core.config import ConfigError
 from rlserve.core.embedded.evaluate import greedy_accuracy
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
-from rlserve.core.config import ConfigError
 from rlserve.core.embedded.warmup import StopAtAccuracy, supervised_warmup
 from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
 
