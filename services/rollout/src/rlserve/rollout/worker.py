@@ -9,9 +9,9 @@ parameters, LoRA) the engine has its own inference weights, and after every upda
 rank copies the full weights into them (with LoRA: base + adapters merged), so
 generation always runs the latest policy. Log-probs are computed with the training
 module, the source of truth that UpdateActor's ratios are taken against, on response
-tokens only and in chunks
-(rlserve.core.response_scoring). Models and micro-batches live on the rank's device
-(rlserve.core.devices); results go back to the CPU for the service boundary.
+tokens only and in chunks (rlserve.core.response_scoring). Models and micro-batches live
+on the rank's device (rlserve.core.devices); results go back to the CPU for the service
+boundary.
 
 The worker does not shuffle: the controller sends each rank its rows already in training
 order (epochs and mini-batches planned once, globally), and the rank walks them in
