@@ -76,6 +76,7 @@ def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dic
         "before": summary["accuracy_before"],
         "after": summary["accuracy_after"],
         "rl_s_to_gain": rl_seconds_to_gain(records, summary["accuracy_before"]),
+        "curve": [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r],
         "whole_s": whole_s,
         "independent": independent_accuracy(run_dir, inputs, summary["checkpoint"]),
     }
@@ -128,6 +129,9 @@ def report(algorithm: str, results: list[dict]) -> None:
         )
     gains = [100 * (r["after"] - r["before"]) for r in results]
     print(f"gain: min {min(gains):+.1f}, median {statistics.median(gains):+.1f} points")
+    for r in results:
+        curve = " ".join(f"{step}:{100 * accuracy:.1f}" for step, accuracy in r["curve"])
+        print(f"seed {r['seed']} held-out accuracy by step: {curve}")
 
 
 def main() -> None:

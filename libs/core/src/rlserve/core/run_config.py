@@ -648,7 +648,7 @@ class TracingConfig(ConfigModel):
 class TrainerConfig(ConfigModel):
     """The PPO loop that composes the services."""
 
-    total_steps: int = Field(60, ge=1)
+    total_steps: int = Field(90, ge=1)
     """PPO steps to run."""
     prompts_per_step: int = Field(256, ge=1)
     """Prompts per PPO step (samples per step = prompts × rollout.responses_per_prompt)."""
