@@ -204,3 +204,41 @@ def test_parse_checks_model_inputs(tiny_reward_model_dir, encode):
     # A model-only service needs no text columns.
     result = _score(engine, Batch(tensors={"input_ids": ids, "attention_mask": mask}))
     assert result.scores.shape == (4,)
+
+
+def test_rule_reads_at_most_max_text_chars():
+    engine = _engine({"rule": {"rule_name": "gsm8k", "max_text_chars": 10}})
+    long_row = Batch(
+        non_tensors={"response_text": ["#### 1", "#" * 11], "ground_truth": ["1", "1"]}
+    )
+    with pytest.raises(RpcError) as error:
+        engine.parse(long_row)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "batch.non_tensors['response_text'][1]: has 11 characters" in str(error.value)
+    assert "kinds.rule.max_text_chars" in str(error.value)
+    long_truth = Batch(non_tensors={"response_text": ["#### 1"], "ground_truth": ["1" * 11]})
+    with pytest.raises(RpcError, match=r"\['ground_truth'\]\[0\]: has 11 characters"):
+        engine.parse(long_truth)
+    exact = Batch(non_tensors={"response_text": ["#### 1" + " " * 4], "ground_truth": ["1"]})
+    assert _score(engine, exact).scores.tolist() == [1.0]
+
+
+def test_rule_time_budget_stops_the_call(tmp_path, monkeypatch):
+    (tmp_path / "budget_rules.py").write_text(
+        "import time\n"
+        "calls = []\n"
+        "def slow(response_text, ground_truth):\n"
+        "    calls.append(1)\n"
+        "    time.sleep(0.5)\n"
+        "    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engine = _engine({"rule": {"rule_name": "budget_rules:slow", "time_budget_s": 0.7}})
+    with pytest.raises(RpcError) as error:
+        _score(engine, _text_batch())
+    assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "kinds.rule.time_budget_s" in str(error.value)
+    assert "after 2 of 4 rows" in str(error.value)
+    import budget_rules
+
+    assert len(budget_rules.calls) == 2  # stopped between rows, not after all of them

@@ -118,3 +118,83 @@ def test_user_rule_by_import_path(tmp_path, monkeypatch):
 def test_bad_import_paths(spec, problem):
     with pytest.raises(ConfigError, match=problem):
         resolve_rule(spec)
+
+
+# ---- linear time (issue 12, defect 8) ------------------------------------------------
+
+# The gsm8k pattern before the fix: three `\s*` in a row backtrack in O(n^3) on
+# "####" + n spaces + "x" (21 s at n = 2,000).
+_CUBIC_GSM8K = r"####\s*([-+]?\s*\$?\s*[-+]?\d[\d,]*(?:\.\d*)?)"
+
+
+def test_every_shipped_pattern_has_the_linear_shape():
+    from rlserve.reward.rules import PATTERNS, check_linear_pattern
+
+    assert PATTERNS
+    for pattern in PATTERNS:
+        check_linear_pattern(pattern)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        (_CUBIC_GSM8K, "not possessive"),
+        (r"(a+)+", "not possessive"),
+        (r"(?:a*+)*+", "inside another"),
+        (r"(?:x|(?:ab*+)++)", "inside another"),
+        (r"(a)\1", "rescan"),
+        (r"a(?=b)", "rescan"),
+    ],
+)
+def test_check_linear_pattern_refuses_backtracking_shapes(pattern, problem):
+    import re
+
+    from rlserve.reward.rules import check_linear_pattern
+
+    with pytest.raises(ValueError, match=problem):
+        check_linear_pattern(re.compile(pattern))
+
+
+_ADVERSARIAL = [
+    "'####' + ' ' * 20000 + 'x'",
+    "'####' + ' ' * 200000 + 'x'",
+    "'#### ' * 40000",
+    "'####' + ' -' * 20000 + 'x'",
+    "'####' + ' $ ' * 20000",
+    "'#### -' + ' ' * 20000 + '$' + ' ' * 20000 + 'x'",
+    "'#' * 100000",
+    "'#### 1' + ',' * 100000 + '.' + '5' * 100000",
+]
+
+
+def test_gsm8k_adversarial_texts_finish_fast():
+    """Secondary check by the clock, in a child process so a regression cannot hang the
+    suite: each text takes about a millisecond; the cubic pattern needed hours for the
+    first one."""
+    import subprocess
+    import sys
+
+    program = (
+        "import time\n"
+        "from rlserve.reward.rules import gsm8k\n"
+        f"for text in [{', '.join(_ADVERSARIAL)}]:\n"
+        "    start = time.perf_counter()\n"
+        "    gsm8k(text, '1')\n"
+        "    gsm8k('#### 1', text)\n"
+        "    assert time.perf_counter() - start < 2.0, text[:20]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], timeout=60, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "expected"),
+    [
+        ("#### 5", "5e0", 0.0),  # exponents are not plain decimals: compared as text
+        ("#### 5", "1e999999999", 0.0),  # would format as a billion digits
+        ("#### 5", "NaN", 0.0),
+        ("#### 5", " 5 ", 1.0),
+    ],
+)
+def test_gsm8k_ground_truth_must_be_a_plain_decimal(response, truth, expected):
+    assert gsm8k(response, truth) == expected

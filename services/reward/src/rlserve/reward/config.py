@@ -47,6 +47,15 @@ class RuleKindConfig(ConfigModel):
     'package.module:function' taking (response_text, ground_truth, **extra) -> float."""
     weight: float = Field(1.0, allow_inf_nan=False)
     """Weight of this kind's score in the combined score (may be 0 or negative)."""
+    max_text_chars: int = Field(65_536, ge=1)
+    """Longest response_text and ground_truth, in characters, a rule reads (default
+    65,536: about 16k tokens of English); a longer one is INVALID_ARGUMENT naming the
+    row, before any scoring. With the shipped rules' linear-time patterns this bounds
+    the time one row can take."""
+    time_budget_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    """Most seconds one ComputeReward call may spend in the rule (default 30); past it
+    the call is RESOURCE_EXHAUSTED naming this field. Checked between rows, so one row's
+    rule call is not interrupted: keep user rules linear in their text."""
 
     @model_validator(mode="after")
     def _rule_exists(self) -> "RuleKindConfig":

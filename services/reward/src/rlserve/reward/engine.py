@@ -14,6 +14,9 @@ Design choices:
 - A kind asks only for the inputs it needs: rules need response_text and ground_truth,
   HTTP needs response_text (and sends every non-tensor column of the row), the model
   needs input_ids / attention_mask in its vocabulary.
+- Rules are bounded twice: `parse` refuses a response_text or ground_truth longer than
+  `kinds.rule.max_text_chars` (INVALID_ARGUMENT naming the row), and the rule thread
+  stops between rows once `kinds.rule.time_budget_s` is spent (RESOURCE_EXHAUSTED).
 - HTTP failure policy lives here: 'raise' maps a row's failure to a gRPC status
   (timeout or deadline -> DEADLINE_EXCEEDED, connection error / 5xx -> UNAVAILABLE,
   other status or malformed body -> FAILED_PRECONDITION) whose message names the row;
@@ -31,7 +34,7 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.serving import Deadline, RpcError, invalid_argument
+from rlserve.core.serving import Deadline, RpcError, invalid_argument, resource_exhausted
 from rlserve.core.validation import (
     require_mask,
     require_non_tensor,
@@ -90,6 +93,8 @@ class KindScorer(Protocol):
     """Needs the ground_truth column."""
     vocab_size: int | None
     """Needs input_ids / attention_mask with ids below this; None = no tensors."""
+    max_text_chars: int | None
+    """Longest response_text / ground_truth it reads; None = no limit of its own."""
 
     async def score(
         self, inputs: RewardInputs, deadline: Deadline
@@ -107,10 +112,18 @@ class RuleScorer:
     needs_ground_truth = True
     vocab_size = None
 
-    def __init__(self, rule: RuleFn, rule_name: str) -> None:
+    def __init__(
+        self,
+        rule: RuleFn,
+        rule_name: str,
+        max_text_chars: int | None = None,
+        time_budget_s: float = math.inf,
+    ) -> None:
         self._rule = rule
         self._rule_name = rule_name
         self._pass_extra = accepts_extra(rule)
+        self.max_text_chars = max_text_chars
+        self._time_budget_s = time_budget_s
 
     async def score(
         self, inputs: RewardInputs, deadline: Deadline
@@ -124,8 +137,15 @@ class RuleScorer:
         texts, truths = inputs.columns[RESPONSE_TEXT], inputs.columns[GROUND_TRUTH]
         extra_keys = [key for key in inputs.columns if key not in (RESPONSE_TEXT, GROUND_TRUTH)]
         scores = torch.empty(inputs.size, dtype=torch.float32)
+        budget_end_s = time.monotonic() + self._time_budget_s
         for row in range(inputs.size):
             deadline.check("rule scoring")
+            if time.monotonic() > budget_end_s:
+                raise resource_exhausted(
+                    "kinds.rule.time_budget_s",
+                    f"rule {self._rule_name!r} used its {self._time_budget_s:g} s budget "
+                    f"after {row} of {inputs.size} rows; send fewer rows per call or raise it",
+                )
             extra = {key: inputs.columns[key][row] for key in extra_keys}
             try:
                 value = (
@@ -152,6 +172,7 @@ class ModelScorer:
 
     needs_text = False
     needs_ground_truth = False
+    max_text_chars = None
 
     def __init__(self, model: Any) -> None:  # a rlserve.reward.reward_model.RewardModel
         self._model = model
@@ -177,6 +198,7 @@ class HttpScorer:
     needs_text = True
     needs_ground_truth = False
     vocab_size = None
+    max_text_chars = None
 
     def __init__(self, client: HttpScoreClient, on_failure: str, fallback_score: float) -> None:
         self._client = client
@@ -235,10 +257,12 @@ class RewardEngine:
         """Checks `batch` against what the kinds need; errors name the field."""
         require_rows(batch, self.max_batch_samples, field)
         scorers = [scorer for scorer, _ in self._kinds.values()]
+        limits = [s.max_text_chars for s in scorers if s.max_text_chars is not None]
+        max_chars = min(limits) if limits else None
         if any(s.needs_text for s in scorers):
-            _require_strings(batch, RESPONSE_TEXT, field)
+            _require_strings(batch, RESPONSE_TEXT, field, max_chars)
         if any(s.needs_ground_truth for s in scorers):
-            _require_strings(batch, GROUND_TRUTH, field)
+            _require_strings(batch, GROUND_TRUTH, field, max_chars)
         input_ids = attention_mask = None
         vocab_sizes = [s.vocab_size for s in scorers if s.vocab_size is not None]
         if vocab_sizes:
@@ -287,13 +311,19 @@ class RewardEngine:
             await scorer.close()
 
 
-def _require_strings(batch: Batch, key: str, field: str) -> list[str]:
+def _require_strings(batch: Batch, key: str, field: str, max_chars: int | None) -> list[str]:
     values = require_non_tensor(batch, key, field)
     for row, value in enumerate(values):
         if not isinstance(value, str):
             raise invalid_argument(
                 f"{field}.non_tensors[{key!r}][{row}]",
-                f"must be a string, got {type(value).__name__} {value!r}",
+                f"must be a string, got {type(value).__name__} {value!r:.80}",
+            )
+        if max_chars is not None and len(value) > max_chars:
+            raise invalid_argument(
+                f"{field}.non_tensors[{key!r}][{row}]",
+                f"has {len(value)} characters; the rule reads at most {max_chars} "
+                "(kinds.rule.max_text_chars): shorten it or raise that limit",
             )
     return values
 
@@ -303,7 +333,10 @@ def build_engine(config: RewardServiceConfig) -> RewardEngine:
     kinds: dict[str, tuple[KindScorer, float]] = {}
     rule, model, http = config.kinds.rule, config.kinds.model, config.kinds.http
     if rule is not None:
-        kinds["rule"] = (RuleScorer(resolve_rule(rule.rule_name), rule.rule_name), rule.weight)
+        scorer = RuleScorer(
+            resolve_rule(rule.rule_name), rule.rule_name, rule.max_text_chars, rule.time_budget_s
+        )
+        kinds["rule"] = (scorer, rule.weight)
     if model is not None:
         # Imported here: transformers is heavy, and rule/HTTP-only replicas never need it.
         from rlserve.reward.reward_model import RewardModel
