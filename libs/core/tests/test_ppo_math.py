@@ -213,7 +213,7 @@ def test_kl_penalty_k3_is_clamped():
 
 def test_kl_penalty_errors():
     x = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match=r"valid kinds: k1, k2, mse, k3, low_var_kl, abs"):
+    with pytest.raises(ValueError, match=r"valid kinds: k1, kl, k2, mse, k3, low_var_kl, abs, k1+"):
         pm.kl_penalty(x, x, "k4")
     with pytest.raises(ValueError, match="ref_logprob has shape"):
         pm.kl_penalty(x, torch.zeros(2, 4), "k1")
@@ -611,12 +611,16 @@ def test_registry_names_and_critic_needs():
         "rloo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
+        "opo",
+        "gpg",
     }
     assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_critic(n)] == ["gae"]
     assert {n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_group_ids(n)} == {
         "grpo",
         "rloo",
         "reinforce_plus_plus_baseline",
+        "opo",
+        "gpg",
     }
 
 
@@ -653,12 +657,14 @@ def test_registry_entries_call_the_plain_functions():
             pm.reinforce_plus_plus_baseline_advantages(scores, group_ids, mask),
         )
         * 2,
+        "opo": (pm.opo_advantages(scores, group_ids, mask),) * 2,
+        "gpg": (pm.gpg_advantages(scores, group_ids, mask),) * 2,
     }
     for name, (exp_adv, exp_ret) in expected.items():
         adv, ret = pm.get_advantage_estimator(name)(token_rewards, mask, **kwargs)
         torch.testing.assert_close(adv, exp_adv, msg=name)
         torch.testing.assert_close(ret, exp_ret, msg=name)
-    # normalize_advantages reaches GAE's whitening and GRPO's std
+    # normalize_advantages reaches GAE's whitening (only), norm_adv_by_std GRPO's std
     adv, _ = pm.get_advantage_estimator("gae")(
         token_rewards, mask, normalize_advantages=False, **kwargs
     )
@@ -668,9 +674,28 @@ def test_registry_entries_call_the_plain_functions():
     adv, _ = pm.get_advantage_estimator("grpo")(
         token_rewards, mask, normalize_advantages=False, **kwargs
     )
+    torch.testing.assert_close(adv, pm.grpo_advantages(scores, group_ids, mask))
+    adv, _ = pm.get_advantage_estimator("grpo")(
+        token_rewards, mask, norm_adv_by_std=False, **kwargs
+    )
     torch.testing.assert_close(
         adv, pm.grpo_advantages(scores, group_ids, mask, normalize_by_std=False)
     )
+    # singleton_groups reaches every group estimator
+    group_fns = {
+        "grpo": pm.grpo_advantages,
+        "rloo": pm.rloo_advantages,
+        "reinforce_plus_plus_baseline": pm.reinforce_plus_plus_baseline_advantages,
+        "opo": pm.opo_advantages,
+        "gpg": pm.gpg_advantages,
+    }
+    for name, fn in group_fns.items():
+        adv, _ = pm.get_advantage_estimator(name)(
+            token_rewards, mask, singleton_groups="score", **kwargs
+        )
+        torch.testing.assert_close(
+            adv, fn(scores, group_ids, mask, singleton_groups="score"), msg=name
+        )
 
 
 # ---------------------------------------------------------------------- entropy
@@ -726,6 +751,11 @@ def test_aggregate_loss_by_hand():
     close(pm.aggregate_loss(loss, mask, "seq-mean-token-sum"), 3.5)
     # seq means 1.5 and 4 -> 2.75
     close(pm.aggregate_loss(loss, mask, "seq-mean-token-mean"), 2.75)
+    # token-sum: 1 + 2 + 4
+    close(pm.aggregate_loss(loss, mask, "token-sum"), 7.0)
+    # Dr. GRPO: seq sums 3 and 4 over T = 3 -> (1 + 4/3) / 2; over a constant 10 -> 0.35
+    close(pm.aggregate_loss(loss, mask, "seq-mean-token-sum-norm"), (1 + 4 / 3) / 2)
+    close(pm.aggregate_loss(loss, mask, "seq-mean-token-sum-norm", norm_tokens=10), 0.35)
 
 
 def test_aggregate_loss_matches_loop():
@@ -740,7 +770,11 @@ def test_aggregate_loss_matches_loop():
             "token-mean": sum(map(sum, rows)) / sum(map(len, rows)),
             "seq-mean-token-sum": sum(sum(r) for r in rows) / len(rows),
             "seq-mean-token-mean": sum(sum(r) / len(r) for r in rows) / len(rows),
+            "token-sum": sum(map(sum, rows)),
+            # Dr. GRPO: token sums over the constant T (the padded length), mean over rows
+            "seq-mean-token-sum-norm": sum(sum(r) / mask.shape[1] for r in rows) / len(rows),
         }
+        assert set(expected) == set(pm.LOSS_AGG_MODES)
         for mode, value in expected.items():
             torch.testing.assert_close(
                 pm.aggregate_loss(loss, mask, mode),
@@ -756,8 +790,13 @@ def test_aggregate_loss_errors():
     ):
         pm.aggregate_loss(x, x, "seq-sum")
     for mode in pm.LOSS_AGG_MODES:
+        if mode == "token-sum":  # a sum over nothing is 0, not undefined
+            close(pm.aggregate_loss(x, torch.zeros(2, 3), mode), 0.0)
+            continue
         with pytest.raises(ValueError, match="all zero"):
             pm.aggregate_loss(x, torch.zeros(2, 3), mode)
+    with pytest.raises(ValueError, match="norm_tokens must be > 0"):
+        pm.aggregate_loss(x, x, "seq-mean-token-sum-norm", norm_tokens=0)
 
 
 # ----------------------------------------------------------------- policy loss
@@ -961,3 +1000,677 @@ def test_kl_metrics_match_loop():
         metrics = pm.kl_metrics(token_kl, mask)
         close(metrics["kl_mean"], sum(per_sequence) / len(per_sequence))
         close(metrics["kl_token_mean"], sum(tokens) / len(tokens))
+
+
+# ================================================================ the catalogue
+# Estimators, KL variants and policy losses beyond PPO/GRPO (issue 15); the same two
+# kinds of test: tiny tensors worked out by hand, and plain loops over seeds and masks.
+
+
+def test_every_registered_name_has_a_one_line_note_with_a_paper():
+    catalogue = {
+        "advantage estimators": (pm.ADVANTAGE_ESTIMATORS, pm.ADVANTAGE_ESTIMATOR_NOTES),
+        "policy losses": (pm.POLICY_LOSSES, pm.POLICY_LOSS_NOTES),
+        "KL estimators": (pm.KL_KINDS, pm.KL_KIND_NOTES),
+        "aggregation modes": (pm.LOSS_AGG_MODES, pm.LOSS_AGG_MODE_NOTES),
+    }
+    for family, (names, notes) in catalogue.items():
+        assert list(names) == list(notes), family
+        for name, note in notes.items():
+            assert note.summary and note.paper, (family, name)
+            assert "\n" not in note.line(), (family, name)
+
+
+# ---------------------------------------------------------- straight-through KL
+
+
+def test_kl_name_and_straight_through_by_hand():
+    # one token with log π/π_ref = ln 2
+    logprob = torch.tensor([[LN2]], requires_grad=True)
+    ref = torch.zeros(1, 1)
+    close(pm.kl_penalty(logprob, ref, "kl"), [[LN2]])  # VeRL's name for k1
+    expected_values = {"k1+": LN2, "k3+": 0.5 + LN2 - 1, "low_var_kl+": 0.5 + LN2 - 1}
+    for kind, value in expected_values.items():
+        logprob.grad = None
+        out = pm.kl_penalty(logprob, ref, kind)
+        close(out.detach(), [[value]])
+        out.sum().backward()
+        # gradient of k2 = 0.5·x²: x = ln 2 (k1's would be 1, k3's 1 - 1/2)
+        close(logprob.grad, [[LN2]])
+
+
+def test_straight_through_kl_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        ref = -torch.rand(mask.shape, generator=gen, dtype=torch.float64) * 3
+        logprob = (
+            ref + torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        ).requires_grad_()
+        for st_kind in ("k1+", "k3+", "low_var_kl+"):
+            logprob.grad = None
+            out = pm.kl_penalty(logprob, ref, st_kind)
+            values, grads = [], []
+            for rl, rr in zip(logprob.tolist(), ref.tolist(), strict=True):
+                x = [a - b for a, b in zip(rl, rr, strict=True)]
+                if st_kind == "k1+":
+                    values.append(x)
+                else:
+                    values.append([min(max(math.exp(-v) + v - 1, -10), 10) for v in x])
+                grads.append(x)  # d(0.5·x²)/dx
+            msg = f"{seed} {kind} {st_kind}"
+            torch.testing.assert_close(
+                out.detach(), torch.tensor(values, dtype=torch.float64), msg=msg
+            )
+            out.sum().backward()
+            torch.testing.assert_close(
+                logprob.grad, torch.tensor(grads, dtype=torch.float64), msg=msg
+            )
+
+
+def test_kl_loss_straight_through_gradient_by_hand():
+    logprob = torch.tensor([[LN2, 0.5, 9.0]], requires_grad=True)
+    ref = torch.zeros(1, 3)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, _ = pm.kl_loss(logprob, ref, mask, kind="k3+")
+    # value: token mean of k3 = ((0.5 + ln 2 - 1) + (e^-0.5 + 0.5 - 1)) / 2
+    close(loss.detach(), ((0.5 + LN2 - 1) + (math.exp(-0.5) - 0.5)) / 2)
+    loss.backward()
+    # gradient: log-ratio / 2 tokens; nothing for the padding
+    close(logprob.grad, [[LN2 / 2, 0.25, 0.0]])
+
+
+# --------------------------------------------------- singleton groups, OPO, GPG
+
+
+def ref_singleton(value, score, singleton_groups):
+    return score if singleton_groups == "score" else value
+
+
+def test_singleton_groups_score_by_hand():
+    scores = torch.tensor([1.0, 0.0, 0.5])
+    group_ids = torch.tensor([7, 7, 3])  # group 3 is a singleton
+    mask = torch.ones(3, 1)
+    # the singleton keeps its raw score 0.5; the pair gets its usual advantages
+    s = 1 / math.sqrt(0.5)  # GRPO: deviations ±0.5, unbiased std sqrt(0.5)
+    close(
+        pm.grpo_advantages(scores, group_ids, mask, eps=0.0, singleton_groups="score"),
+        [[0.5 * s], [-0.5 * s], [0.5]],
+    )
+    close(
+        pm.rloo_advantages(scores, group_ids, mask, singleton_groups="score"),
+        [[1.0], [-1.0], [0.5]],
+    )
+    # REINFORCE++-baseline: centred (0.5, -0.5, 0.5): mean 1/6, whitened
+    centred = [0.5, -0.5, 0.5]
+    expected = ref_whiten([[c] for c in centred], [[True]] * 3)
+    close(
+        pm.reinforce_plus_plus_baseline_advantages(
+            scores, group_ids, mask, singleton_groups="score"
+        ),
+        expected,
+    )
+    with pytest.raises(ValueError, match="valid choices: zero, score"):
+        pm.grpo_advantages(scores, group_ids, mask, singleton_groups="raw")
+
+
+def test_singleton_groups_match_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        s, g = scores.tolist(), group_ids.tolist()
+        groups = ref_groups(s, g)
+        singles = {members[0] for members in groups.values() if len(members) == 1}
+        for norm in (True, False):
+            expected = ref_grpo(s, g, norm)
+            expected = [s[i] if i in singles else a for i, a in enumerate(expected)]
+            adv = pm.grpo_advantages(
+                scores, group_ids, mask, normalize_by_std=norm, singleton_groups="score"
+            )
+            torch.testing.assert_close(
+                adv, torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64)
+            )
+        expected = [s[i] if i in singles else a for i, a in enumerate(ref_rloo(s, g))]
+        adv = pm.rloo_advantages(scores, group_ids, mask, singleton_groups="score")
+        torch.testing.assert_close(
+            adv, torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64)
+        )
+        if seed % 2 == 0:
+            continue  # whitening below needs scores that are not all equal
+        centred = ref_group_centred(s, g)
+        centred = [s[i] if i in singles else c for i, c in enumerate(centred)]
+        expected = ref_whiten(spread(centred, mask.tolist()), mask.tolist())
+        adv = pm.reinforce_plus_plus_baseline_advantages(
+            scores, group_ids, mask, singleton_groups="score"
+        )
+        torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64), msg=str(seed))
+
+
+def ref_opo(scores, group_ids, lengths, singleton_groups="zero"):
+    out = [0.0] * len(scores)
+    for members in ref_groups(scores, group_ids).values():
+        if len(members) == 1:
+            out[members[0]] = ref_singleton(0.0, scores[members[0]], singleton_groups)
+            continue
+        total = sum(lengths[i] for i in members)
+        baseline = sum(lengths[i] * scores[i] for i in members) / total if total else 0.0
+        for i in members:
+            out[i] = scores[i] - baseline
+    return out
+
+
+def test_opo_by_hand():
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    group_ids = torch.tensor([7, 7, 7, 3])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1], [1, 1, 1]])  # lengths 2, 1, 1, 3
+    # group 7: b = (2·1 + 1·0 + 1·1) / (2 + 1 + 1) = 0.75 -> A = (0.25, -0.75, 0.25)
+    # group 3 is a singleton: 0, or its score 0.5 under "score"
+    close(
+        pm.opo_advantages(scores, group_ids, mask),
+        [[0.25, 0.25, 0.0], [-0.75, 0.0, 0.0], [0.0, 0.0, 0.25], [0.0, 0.0, 0.0]],
+    )
+    adv = pm.opo_advantages(scores, group_ids, mask, singleton_groups="score")
+    close(adv[3], [0.5, 0.5, 0.5])
+
+
+def test_opo_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        lengths = [sum(row) for row in mask.tolist()]
+        for singleton in pm.SINGLETON_GROUP_CHOICES:
+            adv = pm.opo_advantages(scores, group_ids, mask, singleton_groups=singleton)
+            expected = ref_opo(scores.tolist(), group_ids.tolist(), lengths, singleton)
+            torch.testing.assert_close(
+                adv,
+                torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64),
+                msg=f"{seed} {singleton}",
+            )
+
+
+def ref_gpg(scores, group_ids, singleton_groups="zero"):
+    out = [0.0] * len(scores)
+    invalid = 0
+    for members in ref_groups(scores, group_ids).values():
+        if len(members) == 1:
+            i = members[0]
+            out[i] = ref_singleton(0.0, scores[i], singleton_groups)
+            invalid += singleton_groups == "zero"
+            continue
+        values = [scores[i] for i in members]
+        if max(values) == min(values):
+            invalid += len(members)
+            continue
+        mean = sum(values) / len(values)
+        for i in members:
+            out[i] = scores[i] - mean
+    alpha = len(scores) / max(len(scores) - invalid, 1)
+    return [alpha * a for a in out]
+
+
+def test_gpg_by_hand():
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.3])
+    group_ids = torch.tensor([1, 1, 2, 2, 3])
+    mask = torch.ones(5, 1)
+    # group 1: (0.5, -0.5); group 2 all equal -> 0; group 3 singleton -> 0
+    # B = 5, M = 2 + 1 = 3 -> α = 5 / 2
+    close(pm.gpg_advantages(scores, group_ids, mask), [[1.25], [-1.25], [0.0], [0.0], [0.0]])
+    # "score": the singleton keeps 0.3 and is valid: M = 2, α = 5 / 3
+    close(
+        pm.gpg_advantages(scores, group_ids, mask, singleton_groups="score"),
+        [[0.5 * 5 / 3], [-0.5 * 5 / 3], [0.0], [0.0], [0.3 * 5 / 3]],
+    )
+    # every group degenerate: all advantages 0 (α's divisor clamped, no division by 0)
+    close(
+        pm.gpg_advantages(torch.ones(4), torch.tensor([0, 0, 1, 1]), torch.ones(4, 1)),
+        torch.zeros(4, 1),
+    )
+
+
+def test_gpg_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        for singleton in pm.SINGLETON_GROUP_CHOICES:
+            adv = pm.gpg_advantages(scores, group_ids, mask, singleton_groups=singleton)
+            expected = ref_gpg(scores.tolist(), group_ids.tolist(), singleton)
+            torch.testing.assert_close(
+                adv,
+                torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64),
+                msg=f"{seed} {singleton}",
+            )
+
+
+# ------------------------------------------------------------ new policy losses
+
+
+def policy_batch(gen, mask, spread_=0.5):
+    """(old, new, adv) float64 with nan garbage outside the mask."""
+    old = -torch.rand(mask.shape, generator=gen, dtype=torch.float64) * 3
+    new = old + spread_ * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    adv = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+    for t in (old, new, adv):
+        t[~mask] = float("nan")
+    return old, new.requires_grad_(), adv
+
+
+def ref_weights(mask, mode):
+    """Per-token weight of the aggregate, for token-mean / seq-mean-token-mean."""
+    rows = [sum(r) for r in mask]
+    if mode == "token-mean":
+        n = sum(rows)
+        return [[1 / n if m else 0.0 for m in r] for r in mask]
+    seqs = sum(1 for n in rows if n)
+    return [[1 / (seqs * n) if m else 0.0 for m in r] for r, n in zip(mask, rows, strict=True)]
+
+
+def ref_loss_and_grad(losses, grads, mask, mode):
+    """The aggregate of per-token losses and its gradient w.r.t. logprob.
+
+    ``grads[b][t]`` is d(Σ_t' losses[b][t']) / d logprob[b][t], the row's summed loss
+    differentiated by one token; weighting it by the token's weight is exact because
+    both modes tested weigh all tokens of a row the same."""
+    weights = ref_weights(mask, mode)
+    value = sum(
+        w * x
+        for wr, lr, mr in zip(weights, losses, mask, strict=True)
+        for w, x, m in zip(wr, lr, mr, strict=True)
+        if m
+    )
+    grad = [
+        [w * g if m else 0.0 for w, g, m in zip(wr, gr, mr, strict=True)]
+        for wr, gr, mr in zip(weights, grads, mask, strict=True)
+    ]
+    return value, grad
+
+
+def check_policy_loss(fn, kwargs, ref_tokens, msg):
+    """Runs fn over every seed and mask layout against a per-row loop reference.
+
+    ``ref_tokens(old_row, new_row, adv_row, mask_row)`` returns the row's per-token
+    losses and grads as :func:`ref_loss_and_grad` takes them."""
+    for seed, kind, gen, mask in all_masks():
+        old, new, adv = policy_batch(gen, mask)
+        for mode in ("token-mean", "seq-mean-token-mean"):
+            new.grad = None
+            loss, metrics = fn(old, new, adv, mask, loss_agg_mode=mode, **kwargs)
+            loss.backward()
+            losses, grads = [], []
+            for ro, rn, ra, rm in zip(
+                old.tolist(), new.detach().tolist(), adv.tolist(), mask.tolist(), strict=True
+            ):
+                row_losses, row_grads = ref_tokens(ro, rn, ra, rm)
+                losses.append(row_losses)
+                grads.append(row_grads)
+            value, grad = ref_loss_and_grad(losses, grads, mask.tolist(), mode)
+            where = f"{msg} seed={seed} {kind} {mode}"
+            torch.testing.assert_close(
+                loss.detach(), torch.tensor(value, dtype=torch.float64), msg=where
+            )
+            torch.testing.assert_close(new.grad, torch.tensor(grad, dtype=torch.float64), msg=where)
+            assert set(metrics) >= {"pg_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"}
+
+
+def test_gspo_by_hand():
+    # sequence 1: log ratios (ln 2, 0) -> s = √2 > 1.2, A = 1: clipped at 1.2, no gradient
+    # sequence 2: log ratios (0.1, -0.1) -> s = 1, A = -1: loss 1 per token
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[LN2, 0.0, 7.0], [0.1, -0.1, 7.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    loss, metrics = pm.gspo_loss(old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    # seq-mean-token-mean: (-1.2 + 1) / 2
+    close(loss, -0.1)
+    close(metrics["pg_clipfrac"], 0.5)
+    loss.backward()
+    # sequence 2: d(-A·s_{i,t})/d log π_t = s_i = 1, weight 1 / (2 sequences × 2 tokens)
+    close(new.grad, [[0.0, 0.0, 0.0], [0.25, 0.25, 0.0]])
+
+
+def test_gspo_matches_loop():
+    eps_low, eps_high = 0.05, 0.08
+
+    def ref(old, new, adv, mask):
+        valid = [n - o for o, n, m in zip(old, new, mask, strict=True) if m]
+        s = math.exp(sum(valid) / len(valid)) if valid else 1.0
+        losses, grads = [], []
+        for a, m in zip(adv, mask, strict=True):
+            if not m:
+                losses.append(0.0)
+                grads.append(0.0)
+                continue
+            clipped = min(max(s, 1 - eps_low), 1 + eps_high)
+            losses.append(max(-a * s, -a * clipped))
+            # gradient only through the unclipped branch: -A · s · ∇log π_t
+            grads.append(-a * s if -a * s >= -a * clipped else 0.0)
+        return losses, grads
+
+    check_policy_loss(
+        pm.gspo_loss, {"clip_ratio_low": eps_low, "clip_ratio_high": eps_high}, ref, "gspo"
+    )
+
+
+def test_cispo_by_hand():
+    old = torch.zeros(1, 4)
+    new = torch.tensor(
+        [[math.log(1.5), math.log(0.5), math.log(1.1), float("nan")]], requires_grad=True
+    )
+    adv = torch.tensor([[1.0, -1.0, 2.0, float("inf")]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, metrics = pm.cispo_loss(old, new, adv, mask)
+    # weights clip(ρ, 0.8, 1.2) = (1.2, 0.8, 1.1); values -ŵ·A = (-1.2, 0.8, -2.2)
+    close(loss, -2.6 / 3)
+    close(metrics["pg_clipfrac"], 2 / 3)
+    loss.backward()
+    # every token keeps a gradient, -ŵ·A / 3, even the clipped ones
+    close(new.grad, [[-0.4, 0.8 / 3, -2.2 / 3, 0.0]])
+
+
+def test_cispo_matches_loop():
+    def ref(old, new, adv, mask):
+        losses, grads = [], []
+        for o, n, a, m in zip(old, new, adv, mask, strict=True):
+            if not m:
+                losses.append(0.0)
+                grads.append(0.0)
+                continue
+            w = min(max(math.exp(n - o), 0.8), 1.25)
+            losses.append(-w * a)
+            grads.append(-w * a)
+        return losses, grads
+
+    check_policy_loss(pm.cispo_loss, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.25}, ref, "cispo")
+
+
+def test_gmpo_by_hand():
+    # both sequences: token log ratios (ln 2, -ln 2); ε = 0.2 -> log bounds ln 0.8, ln 1.2
+    old = torch.zeros(2, 2)
+    new = torch.tensor([[LN2, -LN2], [LN2, -LN2]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    mask = torch.ones(2, 2)
+    loss, metrics = pm.gmpo_loss(old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    # A > 0: min(x, clip x) = (ln 1.2, -ln 2) -> r = √(1.2 · 0.5) = √0.6
+    # A < 0: max(x, clip x) = (ln 2, ln 0.8) -> r = √(2 · 0.8) = √1.6
+    # seq-mean-token-mean: (-√0.6 + √1.6) / 2
+    close(loss, (-math.sqrt(0.6) + math.sqrt(1.6)) / 2)
+    # clip active: sequence 1 token 1 (above), sequence 2 token 2 (below)
+    close(metrics["pg_clipfrac"], 0.5)
+    loss.backward()
+    # d/d log π_t of -A·r (weight 1/4 per token, 2 tokens): -A·r/2 · 2 · 1/4 where unclipped
+    close(new.grad, [[0.0, -math.sqrt(0.6) / 4], [math.sqrt(1.6) / 4, 0.0]])
+
+
+def test_gmpo_matches_loop():
+    eps_low, eps_high = 0.2, 0.3
+    low, high = math.log(1 - eps_low), math.log(1 + eps_high)
+
+    def seq_ratio(xs, sign):
+        picked = [
+            min(x, min(max(x, low), high)) if sign > 0 else max(x, min(max(x, low), high))
+            for x in xs
+        ]
+        return math.exp(sum(picked) / len(picked)) if picked else 1.0
+
+    def ref(old, new, adv, mask):
+        tokens = [(n - o, a) for o, n, a, m in zip(old, new, adv, mask, strict=True) if m]
+        xs = [x for x, _ in tokens]
+        ratios = {1: seq_ratio(xs, 1), -1: seq_ratio(xs, -1)}
+        losses, grads = [], []
+        for o, n, a, m in zip(old, new, adv, mask, strict=True):
+            if not m:
+                losses.append(0.0)
+                grads.append(0.0)
+                continue
+            x = n - o
+            losses.append(-a * ratios[1 if a > 0 else -1])
+            # every token's loss -A'·r of this row moves with x, unless x is clipped on
+            # that token's side: d r / d x = r / |y|
+            total = 0.0
+            for _, a2 in tokens:
+                sign = 1 if a2 > 0 else -1
+                clipped = x > high if sign > 0 else x < low
+                total += 0.0 if clipped else -a2 * ratios[sign] / len(xs)
+            grads.append(total)
+        return losses, grads
+
+    check_policy_loss(
+        pm.gmpo_loss, {"clip_ratio_low": eps_low, "clip_ratio_high": eps_high}, ref, "gmpo"
+    )
+
+
+def test_reinforce_by_hand():
+    old = torch.zeros(1, 3)
+    new = torch.tensor([[LN2, -LN2, float("nan")]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, float("nan")]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = pm.reinforce_loss(old, new, adv, mask)
+    # -A·ρ = (-2, 0.5), no clip -> -0.75; gradient -A·ρ / 2 = (-1, 0.25)
+    close(loss, -0.75)
+    close(metrics["pg_clipfrac"], 0.0)
+    loss.backward()
+    close(new.grad, [[-1.0, 0.25, 0.0]])
+
+
+def test_reinforce_matches_loop():
+    def ref(old, new, adv, mask):
+        values = [
+            -a * math.exp(n - o) if m else 0.0
+            for o, n, a, m in zip(old, new, adv, mask, strict=True)
+        ]
+        return values, values  # d(-A·e^{x})/dx = -A·e^{x}
+
+    check_policy_loss(pm.reinforce_loss, {}, ref, "reinforce")
+
+
+def cov_batch():
+    # A = (1, 1, -1, -1), log π = (-1, -3, -1, -3.5): mean A = 0, mean log π = -2.125
+    # Cov = A·(log π + 2.125) = (1.125, -0.875, -1.125, 1.375)
+    logprob = torch.tensor([[-1.0, -3.0, -1.0, -3.5, 0.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, float("nan")]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    return logprob, adv, mask
+
+
+def test_clip_cov_by_hand():
+    logprob, adv, mask = cov_batch()
+    old = logprob.detach().clone()  # ρ = 1: the ε clip is inactive
+    # eligible: Cov in (1, 5) -> tokens 0 and 3; fraction 0.5 of 4 tokens -> both picked
+    loss, metrics = pm.clip_cov_loss(old, logprob, adv, mask, cov_fraction=0.5, cov_low=1.0)
+    # -A·ρ = (-1, -1, 1, 1) with tokens 0 and 3 zeroed -> token mean 0
+    close(loss, 0.0)
+    close(metrics["pg_cov_frac"], 0.5)
+    loss.backward()
+    close(logprob.grad, [[0.0, -0.25, 0.25, 0.0, 0.0]])
+    # fraction 0.25 -> one token, at random among the eligible 0 and 3
+    loss, metrics = pm.clip_cov_loss(old, logprob, adv, mask, cov_fraction=0.25)
+    close(metrics["pg_cov_frac"], 0.25)
+    assert float(loss.detach()) in (
+        0.25,
+        -0.25,
+    )  # token 0 (-1) or token 3 (+1) left out of (-1-1+1+1)
+
+
+def test_kl_cov_by_hand():
+    logprob, adv, mask = cov_batch()
+    old = logprob.detach() - torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]])
+    loss, metrics = pm.kl_cov_loss(old, logprob, adv, mask, cov_fraction=0.25, kl_cov_coef=2.0)
+    # top-1 Cov is token 3 (1.375): it pays 2·|0.4|; all pay -A·e^{log ρ}
+    values = [-math.exp(0.1), -math.exp(0.2), math.exp(0.3), math.exp(0.4) + 0.8]
+    close(loss, sum(values) / 4)
+    close(metrics["pg_cov_frac"], 0.25)
+    loss.backward()
+    close(
+        logprob.grad,
+        [[-math.exp(0.1) / 4, -math.exp(0.2) / 4, math.exp(0.3) / 4, (math.exp(0.4) + 2) / 4, 0]],
+    )
+
+
+def ref_covariance(adv, logprob, mask):
+    valid = [
+        (a, lp)
+        for ra, rl, rm in zip(adv, logprob, mask, strict=True)
+        for a, lp, m in zip(ra, rl, rm, strict=True)
+        if m
+    ]
+    mean_a = sum(a for a, _ in valid) / len(valid)
+    mean_l = sum(lp for _, lp in valid) / len(valid)
+    return [
+        [(a - mean_a) * (lp - mean_l) if m else 0.0 for a, lp, m in zip(ra, rl, rm, strict=True)]
+        for ra, rl, rm in zip(adv, logprob, mask, strict=True)
+    ]
+
+
+def test_clip_cov_matches_loop():
+    fraction, cov_low, cov_high = 0.3, 0.0, 2.0
+    for seed, kind, gen, mask in all_masks():
+        old, new, adv = policy_batch(gen, mask, spread_=0.3)
+        o, n, a, m = old.tolist(), new.detach().tolist(), adv.tolist(), mask.tolist()
+        cov = ref_covariance(a, n, m)
+        keys = torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)).tolist()
+        losses, eligible = [], []
+        for b in range(len(m)):
+            losses.append([])
+            for t in range(len(m[b])):
+                if not m[b][t]:
+                    losses[-1].append(0.0)
+                    continue
+                rho = math.exp(n[b][t] - o[b][t])
+                unclipped, clipped = -a[b][t] * rho, -a[b][t] * min(max(rho, 0.8), 1.2)
+                losses[-1].append(max(unclipped, clipped))
+                if clipped <= unclipped and cov_low < cov[b][t] < cov_high:
+                    eligible.append((keys[b][t], b, t))
+        k = max(1, math.floor(fraction * sum(map(sum, m))))
+        for _, b, t in sorted(eligible, reverse=True)[:k]:
+            losses[b][t] = 0.0
+        loss, metrics = pm.clip_cov_loss(
+            old,
+            new,
+            adv,
+            mask,
+            cov_fraction=fraction,
+            cov_low=cov_low,
+            cov_high=cov_high,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        expected = pm.aggregate_loss(torch.tensor(losses, dtype=torch.float64), mask, "token-mean")
+        torch.testing.assert_close(loss, expected, msg=f"{seed} {kind}")
+        picked = min(k, len(eligible)) / sum(map(sum, m))
+        close(metrics["pg_cov_frac"], picked)
+
+
+def test_kl_cov_matches_loop():
+    fraction, coef = 0.3, 1.5
+    for seed, kind, gen, mask in all_masks():
+        old, new, adv = policy_batch(gen, mask)
+        o, n, a, m = old.tolist(), new.detach().tolist(), adv.tolist(), mask.tolist()
+        cov = ref_covariance(a, n, m)
+        k = max(1, math.floor(fraction * sum(map(sum, m))))
+        ranked = sorted(
+            ((cov[b][t], b, t) for b in range(len(m)) for t in range(len(m[b])) if m[b][t]),
+            reverse=True,
+        )
+        top = {(b, t) for _, b, t in ranked[:k]}
+        losses, grads = [], []
+        for b in range(len(m)):
+            losses.append([])
+            grads.append([])
+            for t in range(len(m[b])):
+                if not m[b][t]:
+                    losses[-1].append(0.0)
+                    grads[-1].append(0.0)
+                    continue
+                x = n[b][t] - o[b][t]
+                penalty = coef * abs(x) if (b, t) in top else 0.0
+                losses[-1].append(-a[b][t] * math.exp(x) + penalty)
+                slope = coef * math.copysign(1.0, x) if (b, t) in top else 0.0
+                grads[-1].append(-a[b][t] * math.exp(x) + slope)
+        for mode in ("token-mean", "seq-mean-token-mean"):
+            new.grad = None
+            loss, _ = pm.kl_cov_loss(
+                old, new, adv, mask, cov_fraction=fraction, kl_cov_coef=coef, loss_agg_mode=mode
+            )
+            loss.backward()
+            value, grad = ref_loss_and_grad(losses, grads, m, mode)
+            where = f"{seed} {kind} {mode}"
+            torch.testing.assert_close(
+                loss.detach(), torch.tensor(value, dtype=torch.float64), msg=where
+            )
+            torch.testing.assert_close(new.grad, torch.tensor(grad, dtype=torch.float64), msg=where)
+
+
+def test_new_losses_keep_padding_out_of_gradients():
+    old, new, adv = policy_batch(
+        torch.Generator().manual_seed(0), make_mask("gaps", torch.Generator())
+    )
+    mask = ~torch.isnan(adv)
+    new_garbage = new.detach().clone()
+    new_garbage[~mask] = float("inf")
+    new_garbage.requires_grad_()
+    for name in pm.POLICY_LOSSES:
+        new_garbage.grad = None
+        loss, metrics = pm.get_policy_loss(name)(old, new_garbage, adv, mask)
+        loss.backward()
+        assert torch.isfinite(loss), name
+        assert torch.isfinite(new_garbage.grad).all(), name
+        assert (new_garbage.grad[~mask] == 0).all(), name
+        assert all(torch.isfinite(v) for v in metrics.values()), name
+
+
+def test_policy_loss_registry_passes_each_loss_its_knobs():
+    gen = torch.Generator().manual_seed(4)
+    mask = make_mask("right_padded", gen)
+    old, new, adv = policy_batch(gen, mask)
+    knobs = {
+        "clip_ratio_low": 0.1,
+        "clip_ratio_high": 0.15,
+        "clip_ratio_dual": 2.0,
+        "loss_agg_mode": "seq-mean-token-mean",
+        "clip_cov_fraction": 0.3,
+        "clip_cov_low": -1.0,
+        "clip_cov_high": 3.0,
+        "kl_cov_fraction": 0.2,
+        "kl_cov_coef": 0.5,
+    }
+    clip = {"clip_ratio_low": 0.1, "clip_ratio_high": 0.15, "loss_agg_mode": "seq-mean-token-mean"}
+    args = (old, new, adv, mask)
+    expected = {
+        "vanilla": pm.policy_loss(*args, **clip, clip_ratio_dual=2.0),
+        "gspo": pm.gspo_loss(*args, **clip),
+        "cispo": pm.cispo_loss(*args, **clip),
+        "gmpo": pm.gmpo_loss(*args, **clip),
+        "clip_cov": pm.clip_cov_loss(
+            *args,
+            **clip,
+            cov_fraction=0.3,
+            cov_low=-1.0,
+            cov_high=3.0,
+            generator=torch.Generator().manual_seed(9),
+        ),
+        "kl_cov": pm.kl_cov_loss(
+            *args, cov_fraction=0.2, kl_cov_coef=0.5, loss_agg_mode="seq-mean-token-mean"
+        ),
+        "reinforce": pm.reinforce_loss(*args, loss_agg_mode="seq-mean-token-mean"),
+    }
+    assert list(expected) == list(pm.POLICY_LOSSES)
+    for name, (exp_loss, exp_metrics) in expected.items():
+        loss, metrics = pm.get_policy_loss(name)(
+            *args, **knobs, generator=torch.Generator().manual_seed(9)
+        )
+        torch.testing.assert_close(loss, exp_loss, msg=name)
+        assert metrics.keys() == exp_metrics.keys(), name
+    with pytest.raises(
+        ValueError, match=r"unknown policy loss 'ppo'; valid choices: vanilla, gspo"
+    ):
+        pm.get_policy_loss("ppo")
+
+
+def test_new_policy_loss_errors():
+    x = torch.zeros(2, 3)
+    ones = torch.ones(2, 3)
+    for fn in (pm.gspo_loss, pm.cispo_loss, pm.gmpo_loss, pm.clip_cov_loss):
+        with pytest.raises(ValueError, match="clip_ratio_low must be in"):
+            fn(x, x, x, ones, clip_ratio_low=1.0)
+    for fn in pm.POLICY_LOSSES.values():
+        with pytest.raises(ValueError, match="advantages has shape"):
+            fn(x, x, torch.zeros(2, 4), ones)
+    with pytest.raises(ValueError, match="cov_low must be < cov_high"):
+        pm.clip_cov_loss(x, x, x, ones, cov_low=5.0, cov_high=1.0)
+    with pytest.raises(ValueError, match="kl_cov_coef must be >= 0"):
+        pm.kl_cov_loss(x, x, x, ones, kl_cov_coef=-1.0)
+    with pytest.raises(ValueError, match=r"cov_fraction must be in \[0, 1\]"):
+        pm.kl_cov_loss(x, x, x, ones, cov_fraction=2.0)

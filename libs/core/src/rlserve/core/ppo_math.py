@@ -2,8 +2,14 @@
 
 Everything the trainer and the actor/critic services compute *about* a batch lives
 here: masked statistics, KL estimators and the KL-in-reward penalty, KL-coefficient
-controllers, advantage estimators (GAE, GRPO, RLOO, REINFORCE++), entropy, loss
-aggregation and the clipped policy / value losses.
+controllers, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, OPO, GPG), entropy,
+loss aggregation, the policy losses (PPO clip, GSPO, CISPO, GMPO, Clip-Cov, KL-Cov,
+REINFORCE) and the clipped value loss.
+
+The run config chooses advantage estimators, policy losses, KL estimators and loss
+aggregation modes by name from the registries below; each name has an
+:class:`AlgorithmNote` (one line and its paper), which ``rlserve config --describe``
+prints under the field that selects it.
 
 Notation::
 
@@ -31,14 +37,19 @@ Design choices:
   where the result would otherwise be undefined (a mean or variance over nothing).
 - Advantage estimators run under ``torch.no_grad()``: advantages and returns are
   targets, never differentiated through.
-- Deviations from VeRL, on purpose: a prompt group of size 1 gets advantage 0 in
-  GRPO, RLOO and REINFORCE++-baseline (one sample carries no relative signal; VeRL
-  passes its raw score through); REINFORCE++ skips mask gaps the way GAE does
-  (VeRL restarts the return at a gap).
+- Deviations from VeRL, on purpose: by default a prompt group of size 1 gets
+  advantage 0 in the group estimators (one sample carries no relative signal; VeRL
+  passes its raw score through, ``singleton_groups="score"`` does the same);
+  REINFORCE++ skips mask gaps the way GAE does (VeRL restarts the return at a gap);
+  "seq-mean-token-sum-norm" averages over sequences where VeRL sums (see
+  :func:`aggregate_loss`).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -46,16 +57,31 @@ from torch import Tensor
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "ADVANTAGE_ESTIMATOR_NOTES",
     "KL_KINDS",
+    "KL_KIND_NOTES",
     "LOSS_AGG_MODES",
+    "LOSS_AGG_MODE_NOTES",
+    "POLICY_LOSSES",
+    "POLICY_LOSS_NOTES",
+    "SINGLETON_GROUP_CHOICES",
     "AdaptiveKLController",
     "AdvantageEstimator",
+    "AlgorithmNote",
     "FixedKLController",
+    "PolicyLoss",
     "aggregate_loss",
+    "cispo_loss",
+    "clip_cov_loss",
     "compute_gae_advantages_returns",
     "entropy_from_logits",
     "get_advantage_estimator",
+    "get_policy_loss",
+    "gmpo_loss",
+    "gpg_advantages",
     "grpo_advantages",
+    "gspo_loss",
+    "kl_cov_loss",
     "kl_loss",
     "kl_metrics",
     "kl_penalty",
@@ -65,7 +91,9 @@ __all__ = [
     "masked_whiten",
     "needs_critic",
     "needs_group_ids",
+    "opo_advantages",
     "policy_loss",
+    "reinforce_loss",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
     "rloo_advantages",
@@ -80,6 +108,26 @@ _LOG_RATIO_CLAMP = 20.0
 # VeRL's bound for the k3 estimate: it is non-negative but unbounded, and a handful of
 # tokens with a huge ratio would otherwise dominate the batch KL.
 _K3_CLAMP = 10.0
+
+
+@dataclass(frozen=True)
+class AlgorithmNote:
+    """What a registered name does, in one line, and the paper it comes from.
+
+    Every registry here (advantage estimators, policy losses, KL estimators, loss
+    aggregation modes) keeps one note per name; the run config shows them under the
+    field that selects them (``rlserve config --describe``), so the descriptions live
+    in one place and a test checks that every registered name has one.
+    """
+
+    summary: str
+    """One line: what it computes."""
+    paper: str
+    """Authors, year, title and arXiv id (or where the idea comes from)."""
+
+    def line(self) -> str:
+        """``summary — paper``, the form ``rlserve config --describe`` prints."""
+        return f"{self.summary} — {self.paper}"
 
 
 # --------------------------------------------------------------------------- checks
@@ -229,8 +277,31 @@ def masked_whiten(
 
 # ---------------------------------------------------------------------------- KL
 
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "mse", "k3", "low_var_kl", "abs")
-"""Names accepted by :func:`kl_penalty` ("mse" = "k2", "low_var_kl" = "k3")."""
+_SCHULMAN_KL = 'Schulman 2020, "Approximating KL Divergence" (joschu.net/blog/kl-approx.html)'
+_STRAIGHT_THROUGH = (
+    "value of the named estimator, gradient of k2 = log-ratio·∇log π: the unbiased gradient "
+    "of KL(π‖π_ref) on tokens sampled from π"
+)
+KL_KIND_NOTES: dict[str, AlgorithmNote] = {
+    "k1": AlgorithmNote("log-ratio log π/π_ref: unbiased, high variance, can be < 0", _SCHULMAN_KL),
+    "kl": AlgorithmNote('"k1" under VeRL\'s name', _SCHULMAN_KL),
+    "k2": AlgorithmNote("0.5·log-ratio²: biased, low variance, >= 0", _SCHULMAN_KL),
+    "mse": AlgorithmNote('"k2" under VeRL\'s name', _SCHULMAN_KL),
+    "k3": AlgorithmNote(
+        "π_ref/π - log(π_ref/π) - 1: unbiased, low variance, >= 0, clamped to [-10, 10]",
+        _SCHULMAN_KL,
+    ),
+    "low_var_kl": AlgorithmNote('"k3" under VeRL\'s name', _SCHULMAN_KL),
+    "abs": AlgorithmNote("|log-ratio|: biased, robust magnitude", "VeRL's estimator list"),
+    "k1+": AlgorithmNote("k1 straight-through: " + _STRAIGHT_THROUGH, _SCHULMAN_KL),
+    "k3+": AlgorithmNote("k3 straight-through: " + _STRAIGHT_THROUGH, _SCHULMAN_KL),
+    "low_var_kl+": AlgorithmNote('"k3+" under VeRL\'s name', _SCHULMAN_KL),
+}
+"""Every KL estimator :func:`kl_penalty` accepts, with its one-line description."""
+
+KL_KINDS: tuple[str, ...] = tuple(KL_KIND_NOTES)
+"""Names accepted by :func:`kl_penalty` ("kl" = "k1", "mse" = "k2", "low_var_kl" = "k3";
+a "+" suffix is the straight-through variant)."""
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
@@ -239,11 +310,16 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
     Tokens are sampled from π, so with log_ratio = logprob - ref_logprob
     (Schulman, "Approximating KL divergence", 2020):
 
-    - ``"k1"``: log_ratio. Unbiased, high variance, can be negative.
+    - ``"k1"`` / ``"kl"``: log_ratio. Unbiased, high variance, can be negative.
     - ``"k2"`` / ``"mse"``: 0.5 * log_ratio². Biased, low variance, >= 0.
     - ``"k3"`` / ``"low_var_kl"``: exp(-log_ratio) + log_ratio - 1. Unbiased, >= 0,
       low variance; clamped to [-10, 10] like VeRL.
     - ``"abs"``: |log_ratio|.
+    - ``"k1+"``, ``"k3+"``, ``"low_var_kl+"``: straight-through. The value is the named
+      estimator's, the gradient is k2's, ``log_ratio · ∇logprob``, whose expectation
+      under π is the exact gradient of KL(π ‖ π_ref) (k1's gradient has expectation 0,
+      k3's is the gradient of the other direction, KL(π_ref ‖ π)). Only matters in a
+      loss (:func:`kl_loss`); in the reward the value alone counts.
 
     Args:
         logprob: Log-probs under the current (or old) policy, nats. Shape: (B, T).
@@ -258,7 +334,12 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
     """
     _check_same_shape(logprob=logprob, ref_logprob=ref_logprob)
     log_ratio = logprob - ref_logprob
-    if kind == "k1":
+    if kind.endswith("+") and kind in KL_KINDS:
+        value = kl_penalty(logprob, ref_logprob, kind.removesuffix("+"))
+        k2 = 0.5 * log_ratio.square()
+        # forward: the estimator's value; backward: k2's gradient (the detached part is 0)
+        return k2 + (value - k2).detach()
+    if kind in ("k1", "kl"):
         # log π/π_ref: its expectation under π is exactly the KL
         return log_ratio
     if kind in ("k2", "mse"):
@@ -515,6 +596,24 @@ def _broadcast_over_mask(per_sequence: Tensor, response_mask: Tensor) -> Tensor:
     return torch.where(response_mask.bool(), expanded, torch.zeros_like(expanded))
 
 
+SINGLETON_GROUP_CHOICES: tuple[str, ...] = ("zero", "score")
+"""What a prompt group of one sample gets from the group estimators: ``"zero"``
+(advantage 0: one sample has nothing to be compared with; rlserve's default) or
+``"score"`` (baseline 0, so its raw score passes through, as VeRL does)."""
+
+
+def _singleton_advantage(scores: Tensor, singleton_groups: str) -> Tensor:
+    """The (B,) advantage each sample would get if it were alone in its group."""
+    if singleton_groups == "zero":
+        return torch.zeros_like(scores)
+    if singleton_groups == "score":
+        return scores
+    raise ValueError(
+        f"unknown singleton_groups {singleton_groups!r}; valid choices: "
+        f"{', '.join(SINGLETON_GROUP_CHOICES)}"
+    )
+
+
 @torch.no_grad()
 def grpo_advantages(
     scores: Tensor,
@@ -522,12 +621,13 @@ def grpo_advantages(
     response_mask: Tensor,
     normalize_by_std: bool = True,
     eps: float = 1e-6,
+    singleton_groups: str = "zero",
 ) -> Tensor:
-    """GRPO outcome advantages (Shao et al., 2024): score relative to its prompt group.
+    """GRPO outcome advantages (Shao et al., 2024, arXiv:2402.03300).
 
     ``A_i = (s_i - mean_g) / (std_g + eps)`` with the unbiased std of the group, or
-    ``s_i - mean_g`` when ``normalize_by_std`` is False (Dr. GRPO). A group of size 1
-    gets advantage 0.
+    ``s_i - mean_g`` when ``normalize_by_std`` is False (Dr. GRPO, Liu et al., 2025,
+    arXiv:2503.20783: the std divisor up-weights prompts that are too easy or too hard).
 
     Args:
         scores: Outcome reward per sequence. Shape: (B,).
@@ -535,6 +635,7 @@ def grpo_advantages(
         response_mask: 1 for response tokens. Shape: (B, T).
         normalize_by_std: Divide by the group's standard deviation.
         eps: Added to the std (a group with equal scores then gets 0, not nan).
+        singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
 
     Returns:
         The sequence advantage on each of its response tokens. Shape: (B, T).
@@ -555,20 +656,23 @@ def grpo_advantages(
         # scale-free advantage: how many group stds above the group mean
         centred = centred / (std + eps)
     # one sample has nothing to be compared with
-    advantages = torch.where(count > 1, centred, torch.zeros_like(centred))
+    advantages = torch.where(count > 1, centred, _singleton_advantage(scores, singleton_groups))
     return _broadcast_over_mask(advantages, response_mask)
 
 
 @torch.no_grad()
-def rloo_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor) -> Tensor:
-    """REINFORCE leave-one-out advantages (Ahmadian et al., 2024).
+def rloo_advantages(
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor, singleton_groups: str = "zero"
+) -> Tensor:
+    """REINFORCE leave-one-out advantages (Ahmadian et al., 2024, arXiv:2402.14740).
 
-    ``A_i = s_i - mean of the other samples in i's group``; a group of size 1 gets 0.
+    ``A_i = s_i - mean of the other samples in i's group``.
 
     Args:
         scores: Outcome reward per sequence. Shape: (B,).
         group_ids: Prompt group of each sequence (any integers). Shape: (B,).
         response_mask: 1 for response tokens. Shape: (B, T).
+        singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
 
     Returns:
         The sequence advantage on each of its response tokens. Shape: (B, T).
@@ -584,24 +688,29 @@ def rloo_advantages(scores: Tensor, group_ids: Tensor, response_mask: Tensor) ->
     # baseline = mean of the n - 1 other samples (independent of s_i, so unbiased)
     baseline = (total - scores) / (count - 1).clamp(min=1)
     # a singleton has no other sample to form a baseline
-    advantages = torch.where(count > 1, scores - baseline, torch.zeros_like(scores))
+    advantages = torch.where(
+        count > 1, scores - baseline, _singleton_advantage(scores, singleton_groups)
+    )
     return _broadcast_over_mask(advantages, response_mask)
 
 
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantages(
-    scores: Tensor, group_ids: Tensor, response_mask: Tensor
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor, singleton_groups: str = "zero"
 ) -> Tensor:
-    """REINFORCE++ with a group-mean baseline (VeRL's "reinforce_plus_plus_baseline").
+    """REINFORCE++ with a group-mean baseline (Hu, 2025, arXiv:2501.03262; VeRL's
+    "reinforce_plus_plus_baseline").
 
-    The group mean is subtracted from each score (a singleton becomes 0), the result is
-    spread over the response tokens and whitened over all response tokens of the batch
-    (so longer responses weigh more in the statistics).
+    The group mean is subtracted from each score, the result is spread over the
+    response tokens and whitened over all response tokens of the batch (so longer
+    responses weigh more in the statistics).
 
     Args:
         scores: Outcome reward per sequence. Shape: (B,).
         group_ids: Prompt group of each sequence (any integers). Shape: (B,).
         response_mask: 1 for response tokens. Shape: (B, T).
+        singleton_groups: What a group of size 1 gets before whitening; see
+            :data:`SINGLETON_GROUP_CHOICES`.
 
     Returns:
         Whitened advantages, 0 outside the mask. Shape: (B, T).
@@ -615,8 +724,105 @@ def reinforce_plus_plus_baseline_advantages(
     count = _group_sum(torch.ones_like(scores), index, num_groups)
     # subtract the prompt's mean score: removes prompt difficulty from the signal
     centred = scores - _group_sum(scores, index, num_groups) / count
+    centred = torch.where(count > 1, centred, _singleton_advantage(scores, singleton_groups))
     # batch-wide whitening over tokens, as in REINFORCE++ (Hu, 2025)
     return masked_whiten(_broadcast_over_mask(centred, response_mask), response_mask)
+
+
+@torch.no_grad()
+def opo_advantages(
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor, singleton_groups: str = "zero"
+) -> Tensor:
+    """OPO advantages (Hao et al., 2025, "On-Policy RL with Optimal Reward Baseline",
+    arXiv:2505.23585): score minus the length-weighted mean score of its group.
+
+    ``b_g = Σ_j |y_j|·s_j / Σ_j |y_j|`` over the group's samples, ``A_i = s_i - b_g``,
+    with |y_j| the number of response tokens of sample j. For sequence-level rewards
+    this is the baseline that minimises the gradient variance when a sequence's
+    gradient norm grows with its length (the paper's derivation). A group whose
+    samples have no response token at all gets baseline 0 (its rows carry no token).
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
+
+    Returns:
+        The sequence advantage on each of its response tokens. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes or non-integer ``group_ids``.
+    """
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    lengths = response_mask.bool().sum(dim=1).to(scores.dtype)
+    # Σ|y|·s and Σ|y| per group
+    weighted = _group_sum(lengths * scores, index, num_groups)
+    total_length = _group_sum(lengths, index, num_groups)
+    # length-weighted mean score; a group without tokens has nothing to weigh
+    baseline = torch.where(
+        total_length > 0, weighted / total_length.clamp(min=1), torch.zeros_like(weighted)
+    )
+    advantages = torch.where(
+        count > 1, scores - baseline, _singleton_advantage(scores, singleton_groups)
+    )
+    return _broadcast_over_mask(advantages, response_mask)
+
+
+@torch.no_grad()
+def gpg_advantages(
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor, singleton_groups: str = "zero"
+) -> Tensor:
+    """GPG advantages (Chu et al., 2025, "GPG: A Simple and Strong Reinforcement
+    Learning Baseline for Model Reasoning", arXiv:2504.02546).
+
+    ``A_i = α·(s_i - mean_g)`` with ``α = B / (B - M)``: B samples in the batch, M of
+    them in groups whose scores are all equal (their advantage is 0 and they add
+    nothing to the gradient, but the batch mean still divides by them; α scales the
+    rest back up, the paper's "accurate gradient estimation"). This is the paper's
+    best setting, F_norm = 1 (no std division); its threshold β_th, which resamples a
+    batch with too few valid samples, is a sampling rule and not done here. Pair with
+    the "reinforce" policy loss (plain policy gradient, as in the paper).
+
+    A group of size 1 counts among the M under ``singleton_groups="zero"``; under
+    ``"score"`` it keeps its raw score (then scaled by α) and is not counted.
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
+
+    Returns:
+        The sequence advantage on each of its response tokens. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes or non-integer ``group_ids``.
+    """
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    centred = scores - _group_sum(scores, index, num_groups) / count
+    # a group is degenerate when all its scores are equal (max == min, exact in floats)
+    empty = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
+    group_max = empty.scatter_reduce(0, index, scores, reduce="amax", include_self=False)
+    group_min = empty.scatter_reduce(0, index, scores, reduce="amin", include_self=False)
+    degenerate = (group_max == group_min)[index]
+    singleton = _singleton_advantage(scores, singleton_groups)
+    kept_singleton = (count == 1) & (singleton_groups == "score")
+    # zero by construction (no float residue from the mean of equal values)
+    advantages = torch.where(degenerate, torch.zeros_like(centred), centred)
+    advantages = torch.where(count > 1, advantages, singleton)
+    # M: samples whose advantage is 0 because their group gives no relative signal
+    invalid = (degenerate & ~kept_singleton).sum()
+    batch = scores.numel()
+    # α = B / (B - M): the batch mean over B becomes a mean over the valid samples
+    alpha = batch / (batch - invalid).clamp(min=1).to(scores.dtype)
+    return _broadcast_over_mask(alpha * advantages, response_mask)
 
 
 @torch.no_grad()
@@ -662,8 +868,10 @@ class AdvantageEstimator(Protocol):
     Every estimator takes the token rewards (outcome estimators use their masked sum
     per sequence as the score) and returns ``(advantages, returns)``, Shape: (B, T)
     each; estimators without a critic return the advantages as returns.
-    ``normalize_advantages`` means: "gae": whiten advantages; "grpo": divide by the
-    group std; ignored by the others. Arguments an estimator does not need are ignored.
+    ``normalize_advantages``: "gae" whitens its advantages. ``norm_adv_by_std``:
+    "grpo" divides by the group std (False = Dr. GRPO). ``singleton_groups``: what a
+    group of one sample gets in the group estimators (:data:`SINGLETON_GROUP_CHOICES`).
+    Arguments an estimator does not need are ignored.
     """
 
     def __call__(
@@ -676,6 +884,8 @@ class AdvantageEstimator(Protocol):
         gamma: float = 1.0,
         lam: float = 1.0,
         normalize_advantages: bool = True,
+        norm_adv_by_std: bool = True,
+        singleton_groups: str = "zero",
     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -699,8 +909,10 @@ def _gae_estimator(
     gamma: float = 1.0,
     lam: float = 1.0,
     normalize_advantages: bool = True,
+    norm_adv_by_std: bool = True,
+    singleton_groups: str = "zero",
 ) -> tuple[Tensor, Tensor]:
-    del group_ids
+    del group_ids, norm_adv_by_std, singleton_groups
     return compute_gae_advantages_returns(
         token_rewards,
         _require("values", "gae", values),
@@ -720,34 +932,47 @@ def _grpo_estimator(
     gamma: float = 1.0,
     lam: float = 1.0,
     normalize_advantages: bool = True,
+    norm_adv_by_std: bool = True,
+    singleton_groups: str = "zero",
 ) -> tuple[Tensor, Tensor]:
-    del values, gamma, lam
+    del values, gamma, lam, normalize_advantages
     advantages = grpo_advantages(
         _sequence_scores(token_rewards, response_mask),
         _require("group_ids", "grpo", group_ids),
         response_mask,
-        normalize_by_std=normalize_advantages,
+        normalize_by_std=norm_adv_by_std,
+        singleton_groups=singleton_groups,
     )
     return advantages, advantages
 
 
-def _rloo_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-) -> tuple[Tensor, Tensor]:
-    del values, gamma, lam, normalize_advantages
-    advantages = rloo_advantages(
-        _sequence_scores(token_rewards, response_mask),
-        _require("group_ids", "rloo", group_ids),
-        response_mask,
-    )
-    return advantages, advantages
+def _group_estimator(name: str, advantage_fn: Callable[..., Tensor]) -> AdvantageEstimator:
+    """Registry entry for an outcome estimator that needs only scores, groups and the
+    singleton rule (rloo, reinforce_plus_plus_baseline, opo, gpg)."""
+
+    def estimator(
+        token_rewards: Tensor,
+        response_mask: Tensor,
+        *,
+        values: Tensor | None = None,
+        group_ids: Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        normalize_advantages: bool = True,
+        norm_adv_by_std: bool = True,
+        singleton_groups: str = "zero",
+    ) -> tuple[Tensor, Tensor]:
+        del values, gamma, lam, normalize_advantages, norm_adv_by_std
+        advantages = advantage_fn(
+            _sequence_scores(token_rewards, response_mask),
+            _require("group_ids", name, group_ids),
+            response_mask,
+            singleton_groups=singleton_groups,
+        )
+        return advantages, advantages
+
+    estimator.__name__ = f"_{name}_estimator"
+    return estimator
 
 
 def _reinforce_plus_plus_estimator(
@@ -759,41 +984,63 @@ def _reinforce_plus_plus_estimator(
     gamma: float = 1.0,
     lam: float = 1.0,
     normalize_advantages: bool = True,
+    norm_adv_by_std: bool = True,
+    singleton_groups: str = "zero",
 ) -> tuple[Tensor, Tensor]:
-    del values, group_ids, lam, normalize_advantages
+    del values, group_ids, lam, normalize_advantages, norm_adv_by_std, singleton_groups
     return reinforce_plus_plus_advantages(token_rewards, response_mask, gamma)
-
-
-def _reinforce_plus_plus_baseline_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-) -> tuple[Tensor, Tensor]:
-    del values, gamma, lam, normalize_advantages
-    advantages = reinforce_plus_plus_baseline_advantages(
-        _sequence_scores(token_rewards, response_mask),
-        _require("group_ids", "reinforce_plus_plus_baseline", group_ids),
-        response_mask,
-    )
-    return advantages, advantages
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gae": _gae_estimator,
     "grpo": _grpo_estimator,
-    "rloo": _rloo_estimator,
+    "rloo": _group_estimator("rloo", rloo_advantages),
     "reinforce_plus_plus": _reinforce_plus_plus_estimator,
-    "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline_estimator,
+    "reinforce_plus_plus_baseline": _group_estimator(
+        "reinforce_plus_plus_baseline", reinforce_plus_plus_baseline_advantages
+    ),
+    "opo": _group_estimator("opo", opo_advantages),
+    "gpg": _group_estimator("gpg", gpg_advantages),
 }
 """Advantage estimators by config name, all with the :class:`AdvantageEstimator` signature."""
 
+ADVANTAGE_ESTIMATOR_NOTES: dict[str, AlgorithmNote] = {
+    "gae": AlgorithmNote(
+        "GAE(γ, λ) over critic values per token; needs the critic",
+        'Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE", arXiv:1506.02438',
+    ),
+    "grpo": AlgorithmNote(
+        "score minus its prompt group's mean, over the group's std "
+        "(norm_adv_by_std_in_grpo=false: Dr. GRPO, Liu et al. 2025, arXiv:2503.20783)",
+        'Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300',
+    ),
+    "rloo": AlgorithmNote(
+        "score minus the mean score of the other responses to the same prompt",
+        'Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE", arXiv:2402.14740',
+    ),
+    "reinforce_plus_plus": AlgorithmNote(
+        "discounted returns-to-go of the token rewards, whitened over the batch; no critic",
+        'Hu 2025, "REINFORCE++", arXiv:2501.03262',
+    ),
+    "reinforce_plus_plus_baseline": AlgorithmNote(
+        "score minus its group's mean, whitened over the batch's response tokens",
+        'Hu 2025, "REINFORCE++", arXiv:2501.03262',
+    ),
+    "opo": AlgorithmNote(
+        "score minus the response-length-weighted mean score of its group (optimal baseline)",
+        'Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585',
+    ),
+    "gpg": AlgorithmNote(
+        "score minus its group's mean, scaled by B/(B-M) (M: samples of all-equal groups); "
+        "pair with actor.policy_loss=reinforce",
+        'Chu et al. 2025, "GPG: A Simple and Strong RL Baseline for Model Reasoning", '
+        "arXiv:2504.02546",
+    ),
+}
+"""One line per advantage estimator, with its paper."""
+
 _NEEDS_CRITIC = frozenset({"gae"})
-_NEEDS_GROUP_IDS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+_NEEDS_GROUP_IDS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
 
 
 def _check_estimator_name(name: str) -> None:
@@ -844,11 +1091,38 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * finite_logits).sum(dim=-1)
 
 
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_AGG_MODE_NOTES: dict[str, AlgorithmNote] = {
+    "token-mean": AlgorithmNote(
+        "mean over all response tokens of the micro-batch (every token weighs the same)",
+        'Yu et al. 2025, "DAPO", arXiv:2503.14476',
+    ),
+    "seq-mean-token-sum": AlgorithmNote(
+        "sum over each sequence's tokens, mean over sequences",
+        "VeRL's aggregation modes",
+    ),
+    "seq-mean-token-mean": AlgorithmNote(
+        "mean over each sequence's tokens, mean over sequences (every sequence weighs the same)",
+        'Shao et al. 2024, "DeepSeekMath" (GRPO), arXiv:2402.03300',
+    ),
+    "token-sum": AlgorithmNote(
+        "sum over all response tokens of the micro-batch (no normaliser)",
+        "VeRL's aggregation modes",
+    ),
+    "seq-mean-token-sum-norm": AlgorithmNote(
+        "each sequence's token sum over a constant (the padded response length, "
+        "rollout.max_new_tokens), mean over sequences: no length bias",
+        'Liu et al. 2025, "Understanding R1-Zero-Like Training" (Dr. GRPO), arXiv:2503.20783',
+    ),
+}
+"""One line per loss aggregation mode, with its source."""
+
+LOSS_AGG_MODES: tuple[str, ...] = tuple(LOSS_AGG_MODE_NOTES)
 """Names accepted by :func:`aggregate_loss`."""
 
 
-def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, mode: str) -> Tensor:
+def aggregate_loss(
+    loss_mat: Tensor, response_mask: Tensor, mode: str, *, norm_tokens: float | None = None
+) -> Tensor:
     """Reduce a per-token loss to a scalar.
 
     - ``"token-mean"``: mean over all response tokens of the batch (every token
@@ -856,6 +1130,15 @@ def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, mode: str) -> Tensor
     - ``"seq-mean-token-sum"``: sum over each sequence's tokens, mean over sequences.
     - ``"seq-mean-token-mean"``: mean over each sequence's tokens, mean over
       sequences (every sequence weighs the same; the original GRPO).
+    - ``"token-sum"``: sum over all response tokens (0 for an empty mask).
+    - ``"seq-mean-token-sum-norm"``: each sequence's token sum divided by the constant
+      ``norm_tokens``, mean over sequences (Dr. GRPO, Liu et al., 2025,
+      arXiv:2503.20783: a per-sequence ``1/|y|`` favours long wrong answers and short
+      right ones; a constant divisor removes that bias). ``norm_tokens`` defaults to
+      T, the padded response length, which in the actor is always
+      ``rollout.max_new_tokens`` (responses are padded to it), so it is constant over a
+      run. VeRL divides the *sum* over sequences instead of the mean, which makes the
+      loss grow with the micro-batch size; the mean here matches the paper's 1/G.
 
     Sequences without any response token (padding rows) are left out of the
     sequence means. The mean is over this call's tokens/sequences: a trainer that
@@ -865,12 +1148,14 @@ def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, mode: str) -> Tensor
         loss_mat: Per-token loss. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         mode: One of :data:`LOSS_AGG_MODES`.
+        norm_tokens: The constant of ``"seq-mean-token-sum-norm"`` (> 0); None = T.
 
     Returns:
         The loss. Shape: () (0-dim).
 
     Raises:
-        ValueError: On bad shapes, an unknown ``mode`` or an all-zero mask.
+        ValueError: On bad shapes, an unknown ``mode``, a non-positive ``norm_tokens``
+            or an all-zero mask (except for ``"token-sum"``).
     """
     _check_2d("loss_mat", loss_mat)
     _check_same_shape(loss_mat=loss_mat, response_mask=response_mask)
@@ -878,15 +1163,73 @@ def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, mode: str) -> Tensor
         raise ValueError(
             f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
         )
+    if norm_tokens is not None and not norm_tokens > 0:
+        raise ValueError(f"norm_tokens must be > 0 (or None for T), got {norm_tokens}")
     if mode == "token-mean":
         return masked_mean(loss_mat, response_mask)
-    # one value per sequence: token sum or token mean
+    if mode == "token-sum":
+        return masked_sum(loss_mat, response_mask)
+    # one value per sequence: token sum, token sum over a constant, or token mean
     if mode == "seq-mean-token-sum":
         per_sequence = masked_sum(loss_mat, response_mask, dim=1)
+    elif mode == "seq-mean-token-sum-norm":
+        constant = loss_mat.shape[1] if norm_tokens is None else norm_tokens
+        per_sequence = masked_sum(loss_mat, response_mask, dim=1) / constant
     else:
         per_sequence = masked_mean(loss_mat, response_mask, dim=1)
     # average over the sequences that have at least one response token
     return masked_mean(per_sequence, response_mask.bool().any(dim=1))
+
+
+def _check_policy_inputs(
+    old_logprob: Tensor, logprob: Tensor, advantages: Tensor, response_mask: Tensor
+) -> None:
+    _check_2d("logprob", logprob)
+    _check_same_shape(
+        logprob=logprob,
+        old_logprob=old_logprob,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+
+
+def _check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float) -> None:
+    if not 0 <= clip_ratio_low < 1:
+        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low}")
+    if clip_ratio_high < 0:
+        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high}")
+
+
+def _inside_mask(mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """The tensors with 0 outside the mask, so padding garbage reaches neither a value
+    nor a gradient (``where`` sends no gradient to the entries it drops)."""
+    return tuple(torch.where(mask, t, torch.zeros_like(t)) for t in tensors)
+
+
+def _clamped_log_ratio(logprob: Tensor, old_logprob: Tensor) -> Tensor:
+    """log ρ = log π_θ - log π_old, clamped so exp() cannot overflow."""
+    return torch.clamp(logprob - old_logprob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+
+
+def _zero(like: Tensor) -> Tensor:
+    return torch.zeros((), dtype=like.dtype, device=like.device)
+
+
+def _policy_metrics(
+    loss: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+    clipfrac: Tensor | None = None,
+    clipfrac_lower: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """The metrics every policy loss reports (0 for a clip it does not have)."""
+    return {
+        "pg_loss": loss.detach(),
+        "pg_clipfrac": (_zero(loss) if clipfrac is None else clipfrac).detach(),
+        # first-order estimate of KL(π_old ‖ π_θ) from samples of π_old
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "pg_clipfrac_lower": (_zero(loss) if clipfrac_lower is None else clipfrac_lower).detach(),
+    }
 
 
 def policy_loss(
@@ -902,7 +1245,7 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate loss (Schulman et al., 2017) with dual clip (Ye et al., 2020).
 
-    With ratio ρ = π_θ/π_old per token::
+    Registered as "vanilla" in :data:`POLICY_LOSSES`. With ratio ρ = π_θ/π_old per token::
 
         L = max(-A·ρ, -A·clip(ρ, 1 - ε_low, 1 + ε_high))
         L = min(L, -A·c)   where A < 0   (dual clip, c = clip_ratio_dual > 1)
@@ -930,28 +1273,19 @@ def policy_loss(
         - ``"pg_clipfrac_lower"``: fraction of response tokens where the dual clip is
           active (0 when disabled).
 
+        Every loss in :data:`POLICY_LOSSES` reports these four keys.
+
     Raises:
         ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
     """
-    _check_2d("logprob", logprob)
-    _check_same_shape(
-        logprob=logprob,
-        old_logprob=old_logprob,
-        advantages=advantages,
-        response_mask=response_mask,
-    )
-    if not 0 <= clip_ratio_low < 1:
-        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low}")
-    if clip_ratio_high < 0:
-        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high}")
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_clip_ratios(clip_ratio_low, clip_ratio_high)
     if clip_ratio_dual is not None and clip_ratio_dual <= 1:
         raise ValueError(f"clip_ratio_dual must be > 1 (or None), got {clip_ratio_dual}")
     mask = response_mask.bool()
     # log ρ, clamped so exp() cannot overflow on garbage or wildly stale tokens
-    log_ratio = torch.clamp(logprob - old_logprob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
     ratio = torch.exp(log_ratio)
-    # first-order estimate of KL(π_old ‖ π_θ) from samples of π_old
-    ppo_kl = masked_mean(-log_ratio, mask)
     # unclipped surrogate, negated so that minimising it ascends the objective
     unclipped = -advantages * ratio
     # surrogate with ρ kept in the trust region [1 - ε_low, 1 + ε_high]
@@ -960,7 +1294,7 @@ def policy_loss(
     losses = torch.maximum(unclipped, clipped)
     clipfrac = masked_mean((clipped > unclipped).to(logprob.dtype), mask)
     if clip_ratio_dual is None:
-        clipfrac_lower = torch.zeros((), dtype=logprob.dtype, device=logprob.device)
+        clipfrac_lower = None
     else:
         # dual clip: for A < 0 the loss -A·ρ grows without bound in ρ; cap it at -A·c
         dual_bound = -advantages * clip_ratio_dual
@@ -968,13 +1302,521 @@ def policy_loss(
         clipfrac_lower = masked_mean(((losses > dual_bound) & negative).to(logprob.dtype), mask)
         losses = torch.where(negative, torch.minimum(losses, dual_bound), losses)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
-    metrics = {
-        "pg_loss": loss.detach(),
-        "pg_clipfrac": clipfrac.detach(),
-        "ppo_kl": ppo_kl.detach(),
-        "pg_clipfrac_lower": clipfrac_lower.detach(),
-    }
+    return loss, _policy_metrics(loss, log_ratio, mask, clipfrac, clipfrac_lower)
+
+
+def gspo_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    loss_agg_mode: str = "seq-mean-token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: one importance ratio per sequence (Zheng et al., 2025, "Group Sequence
+    Policy Optimization", arXiv:2507.18071), in its GSPO-token form.
+
+    The sequence ratio is the geometric mean of the token ratios,
+    ``s_i = exp(mean_t log ρ_{i,t})``, clipped like PPO's but per sequence. Each token
+    carries ``s_{i,t} = sg[s_i] · π_θ(y_t)/sg[π_θ(y_t)]``: the value of s_i, the
+    gradient ``s_i·∇log π_θ(y_t)``::
+
+        L_{i,t} = max(-A_{i,t}·s_{i,t}, -A_{i,t}·clip(s_{i,t}, 1 - ε_low, 1 + ε_high))
+
+    With one advantage per sequence (outcome estimators) and the default
+    "seq-mean-token-mean" aggregation this is exactly GSPO's sequence objective
+    ``-(1/G) Σ_i min(s_i A_i, clip(s_i) A_i)`` and its gradient; token-level
+    advantages are allowed (the GSPO-token variant). The paper's clip range is tiny
+    (ε_low = 3e-4, ε_high = 4e-4, the defaults here): a sequence ratio moves far less
+    than a token ratio. No dual clip.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: ε_low: s_i is clipped below at 1 - ε_low.
+        clip_ratio_high: ε_high: s_i is clipped above at 1 + ε_high.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`; ``"pg_clipfrac"`` is the fraction of
+        response tokens whose sequence's clip is active.
+
+    Raises:
+        ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_clip_ratios(clip_ratio_low, clip_ratio_high)
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    # log s_i: the mean token log-ratio of each sequence (0 for a row without tokens)
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=1)
+    # value log s_i on every token, gradient ∇log π_θ(y_t) (logprob - sg[logprob] = 0)
+    token_log_ratio = seq_log_ratio.detach()[:, None] + (logprob - logprob.detach())
+    ratio = torch.exp(token_log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    # pessimistic bound per token, with the sequence's ratio
+    losses = torch.maximum(unclipped, clipped)
+    clipfrac = masked_mean((clipped > unclipped).to(logprob.dtype), mask)
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    return loss, _policy_metrics(loss, log_ratio, mask, clipfrac)
+
+
+def cispo_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: clip the importance weight, not the update (MiniMax, 2025, "MiniMax-M1",
+    arXiv:2506.13585).
+
+    ``ŵ = sg[clip(ρ, 1 - ε_low, 1 + ε_high)]`` weights a REINFORCE term, and no gradient
+    flows through the clip, so every token keeps its gradient (PPO's clip drops the
+    gradient of clipped tokens entirely)::
+
+        L_t = -ŵ_t · A_t · π_θ(y_t)/sg[π_θ(y_t)]
+
+    The gradient is the paper's ``-ŵ·A·∇log π_θ``; the value is ``-ŵ·A`` (the paper
+    writes ``-ŵ·A·log π_θ``, same gradient, a value that depends on the log-probs'
+    size). The paper bounds the weight only above; set ``clip_ratio_low`` close to 1 to
+    leave the lower side nearly open. Token-mean aggregation is the paper's.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: ε_low: the weight is at least 1 - ε_low.
+        clip_ratio_high: ε_high: the weight is at most 1 + ε_high.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`; ``"pg_clipfrac"`` is the fraction of
+        response tokens whose weight was clipped (either side).
+
+    Raises:
+        ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_clip_ratios(clip_ratio_low, clip_ratio_high)
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    ratio = torch.exp(log_ratio)
+    # the clipped importance weight, a constant for the gradient
+    weight = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high).detach()
+    # value 1, gradient ∇log π_θ: a REINFORCE term weighted by ŵ·A
+    score_function = torch.exp(logprob - logprob.detach())
+    losses = -advantages * weight * score_function
+    clipfrac = masked_mean((weight != ratio.detach()).to(logprob.dtype), mask)
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    return loss, _policy_metrics(loss, log_ratio, mask, clipfrac)
+
+
+def gmpo_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 1 - math.exp(-0.4),
+    clip_ratio_high: float = math.exp(0.4) - 1,
+    loss_agg_mode: str = "seq-mean-token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO: the geometric mean of clipped token ratios per sequence (Zhao et al.,
+    2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
+
+    Token ratios are clipped in log space to ``[log(1 - ε_low), log(1 + ε_high)]``,
+    pessimistically for the advantage's sign, and averaged over the sequence's tokens
+    before the exp, so one outlier token moves the sequence ratio by only its share::
+
+        r⁺_i = exp(mean_t min(log ρ_{i,t}, clip(log ρ_{i,t})))    (for A > 0)
+        r⁻_i = exp(mean_t max(log ρ_{i,t}, clip(log ρ_{i,t})))    (for A < 0)
+        L_{i,t} = -A_{i,t} · r^{sign A_{i,t}}_i
+
+    With one advantage per sequence and "seq-mean-token-mean" (the defaults) this is
+    the paper's objective ``(1/G) Σ_i A_i·(Π_t clipped ρ)^{1/|y_i|}``; token-level
+    advantages pick the ratio of their own sign. The default ε's are the paper's range
+    (e^-0.4, e^0.4) written as ratio bounds 1 - ε_low and 1 + ε_high.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: ε_low: token ratios are clipped below at 1 - ε_low.
+        clip_ratio_high: ε_high: token ratios are clipped above at 1 + ε_high.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`; ``"pg_clipfrac"`` is the fraction of
+        response tokens whose clip is active on their advantage's side.
+
+    Raises:
+        ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_clip_ratios(clip_ratio_low, clip_ratio_high)
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    low, high = math.log(1 - clip_ratio_low), math.log(1 + clip_ratio_high)
+    clipped = torch.clamp(log_ratio, low, high)
+    # pessimistic per sign: A > 0 must not gain from a ratio above 1 + ε_high, A < 0 from
+    # one below 1 - ε_low
+    seq_ratio_pos = torch.exp(masked_mean(torch.minimum(log_ratio, clipped), mask, dim=1))
+    seq_ratio_neg = torch.exp(masked_mean(torch.maximum(log_ratio, clipped), mask, dim=1))
+    positive = advantages > 0
+    ratio = torch.where(positive, seq_ratio_pos[:, None], seq_ratio_neg[:, None])
+    losses = -advantages * ratio
+    active = (positive & (log_ratio > high)) | ((advantages < 0) & (log_ratio < low))
+    clipfrac = masked_mean(active.to(logprob.dtype), mask)
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    return loss, _policy_metrics(loss, log_ratio, mask, clipfrac)
+
+
+def _token_covariance(advantages: Tensor, logprob: Tensor, mask: Tensor) -> Tensor:
+    """Per-token centred product ``(A_t - mean A)·(log π_t - mean log π)``, means over
+    the response tokens, detached. Shape: (B, T); 0 outside the mask."""
+    advantages, logprob = advantages.detach(), logprob.detach()
+    covariance = (advantages - masked_mean(advantages, mask)) * (
+        logprob - masked_mean(logprob, mask)
+    )
+    return torch.where(mask, covariance, torch.zeros_like(covariance))
+
+
+def _top_k_mask(candidates: Tensor, score: Tensor, k: Tensor) -> Tensor:
+    """The (at most) k candidates with the highest score; ties go to the earlier
+    position (row-major). Shape: candidates'. No host sync: k may be a tensor."""
+    flat_score = torch.where(candidates, score, torch.full_like(score, -math.inf)).flatten()
+    order = torch.argsort(flat_score, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return candidates & (rank.view(candidates.shape) < k)
+
+
+def _covariance_token_count(mask: Tensor, fraction: float) -> Tensor:
+    """max(1, ⌊fraction · response tokens⌋), as a tensor."""
+    return torch.clamp(torch.floor(fraction * mask.sum().to(torch.float64)), min=1)
+
+
+def clip_cov_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    cov_fraction: float = 2e-4,
+    cov_low: float = 1.0,
+    cov_high: float = 5.0,
+    loss_agg_mode: str = "token-mean",
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clip-Cov (Cui et al., 2025, "The Entropy Mechanism of Reinforcement Learning for
+    Reasoning Language Models", arXiv:2505.22617).
+
+    Entropy falls where a token's log-prob and advantage co-vary: a likely token with a
+    high advantage gets likelier. Clip-Cov takes the PPO clipped loss (:func:`policy_loss`
+    without dual clip), computes each token's centred product
+    ``Cov_t = (A_t - mean A)·(log π_t - mean log π)`` (means over the batch's response
+    tokens), and among the tokens the ε clip left alone whose ``cov_low < Cov_t <
+    cov_high`` picks ``max(1, ⌊cov_fraction · N⌋)`` at random (N response tokens). The
+    picked tokens' loss is set to 0: no value, no gradient (the paper's "else 0").
+    The paper runs it with a wide ε clip; ε here is ``clip_ratio_low/high``.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: ε_low of the PPO clip.
+        clip_ratio_high: ε_high of the PPO clip.
+        cov_fraction: Fraction of the response tokens to exclude (the paper's r, 2e-4).
+        cov_low: Lower covariance bound ω_low (exclusive).
+        cov_high: Upper covariance bound ω_high (exclusive).
+        loss_agg_mode: See :func:`aggregate_loss`.
+        generator: Random source of the pick; None = torch's global one.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`, plus ``"pg_cov_frac"``: the fraction
+        of response tokens picked.
+
+    Raises:
+        ValueError: On bad shapes or settings, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_clip_ratios(clip_ratio_low, clip_ratio_high)
+    _check_unit_interval("cov_fraction", cov_fraction)
+    if not cov_low < cov_high:
+        raise ValueError(f"cov_low must be < cov_high, got {cov_low} and {cov_high}")
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    losses = torch.maximum(unclipped, clipped)
+    clipped_tokens = mask & (clipped > unclipped)
+    covariance = _token_covariance(advantages, logprob, mask)
+    # tokens in the covariance band the ε clip has not already silenced
+    eligible = mask & ~clipped_tokens & (covariance > cov_low) & (covariance < cov_high)
+    # a uniform random subset: the k eligible tokens with the largest random keys
+    keys = torch.rand(mask.shape, generator=generator, device=mask.device)
+    picked = _top_k_mask(eligible, keys, _covariance_token_count(mask, cov_fraction))
+    losses = torch.where(picked, torch.zeros_like(losses), losses)
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    metrics = _policy_metrics(
+        loss, log_ratio, mask, masked_mean(clipped_tokens.to(ratio.dtype), mask)
+    )
+    metrics["pg_cov_frac"] = masked_mean(picked.to(ratio.dtype), mask).detach()
     return loss, metrics
+
+
+def kl_cov_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    cov_fraction: float = 2e-3,
+    kl_cov_coef: float = 1.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov (Cui et al., 2025, "The Entropy Mechanism of Reinforcement Learning for
+    Reasoning Language Models", arXiv:2505.22617).
+
+    No ratio clip: every token has the plain surrogate ``-A_t·ρ_t``, and the
+    ``k = max(1, ⌊cov_fraction · N⌋)`` response tokens with the largest centred product
+    ``Cov_t = (A_t - mean A)·(log π_t - mean log π)`` also pay ``β·|log ρ_t|``, a KL
+    penalty that holds exactly those tokens near the sampling policy::
+
+        L_t = -A_t·ρ_t + β·|log ρ_t|·[t in top-k by Cov]
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        cov_fraction: Fraction of the response tokens penalised (the paper's k: 2e-3 for
+            7B models, 2e-4 for 32B).
+        kl_cov_coef: β (>= 0), the paper's 1.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`, plus ``"pg_cov_frac"``: the fraction
+        of response tokens penalised.
+
+    Raises:
+        ValueError: On bad shapes or settings, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_unit_interval("cov_fraction", cov_fraction)
+    if kl_cov_coef < 0:
+        raise ValueError(f"kl_cov_coef must be >= 0, got {kl_cov_coef}")
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    covariance = _token_covariance(advantages, logprob, mask)
+    picked = _top_k_mask(mask, covariance, _covariance_token_count(mask, cov_fraction))
+    # the plain surrogate, plus β·|log ρ| on the highest-covariance tokens
+    penalty = kl_cov_coef * log_ratio.abs()
+    losses = -advantages * torch.exp(log_ratio) + torch.where(
+        picked, penalty, torch.zeros_like(penalty)
+    )
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    metrics = _policy_metrics(loss, log_ratio, mask)
+    metrics["pg_cov_frac"] = masked_mean(picked.to(log_ratio.dtype), mask).detach()
+    return loss, metrics
+
+
+def reinforce_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain policy gradient, importance-weighted, no clip (REINFORCE: Williams, 1992,
+    "Simple Statistical Gradient-Following Algorithms"; GPG's loss, arXiv:2504.02546).
+
+    ``L_t = -A_t · ρ_t``. On the first mini-batch of a step ρ = 1 and the gradient is
+    REINFORCE's ``-A·∇log π_θ``, the same as the ``-A·log π_θ`` form; unlike that form,
+    ρ keeps later mini-batches and epochs unbiased (off-policy correction) and the
+    value is ``-A`` rather than a log-prob-sized number. Nothing bounds ρ: use one
+    epoch and one mini-batch per step to stay on-policy.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss` (both clip fractions 0).
+
+    Raises:
+        ValueError: On bad shapes, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    losses = -advantages * torch.exp(log_ratio)
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    return loss, _policy_metrics(loss, log_ratio, mask)
+
+
+class PolicyLoss(Protocol):
+    """Uniform signature of the entries of :data:`POLICY_LOSSES`.
+
+    Each loss reads the knobs it has and ignores the others: ``clip_ratio_low/high``
+    (vanilla, gspo, cispo, gmpo, clip_cov), ``clip_ratio_dual`` (vanilla),
+    ``clip_cov_fraction``/``clip_cov_low``/``clip_cov_high``/``generator`` (clip_cov),
+    ``kl_cov_fraction``/``kl_cov_coef`` (kl_cov); ``loss_agg_mode`` (all).
+    """
+
+    def __call__(
+        self,
+        old_logprob: Tensor,
+        logprob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        *,
+        clip_ratio_low: float = 0.2,
+        clip_ratio_high: float = 0.2,
+        clip_ratio_dual: float | None = None,
+        loss_agg_mode: str = "token-mean",
+        clip_cov_fraction: float = 2e-4,
+        clip_cov_low: float = 1.0,
+        clip_cov_high: float = 5.0,
+        kl_cov_fraction: float = 2e-3,
+        kl_cov_coef: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+def _policy_loss_entry(name: str) -> PolicyLoss:
+    """The registry entry for ``name``: the uniform signature, passing each loss only
+    the knobs it reads (listed once, here)."""
+
+    def entry(
+        old_logprob: Tensor,
+        logprob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        *,
+        clip_ratio_low: float = 0.2,
+        clip_ratio_high: float = 0.2,
+        clip_ratio_dual: float | None = None,
+        loss_agg_mode: str = "token-mean",
+        clip_cov_fraction: float = 2e-4,
+        clip_cov_low: float = 1.0,
+        clip_cov_high: float = 5.0,
+        kl_cov_fraction: float = 2e-3,
+        kl_cov_coef: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        inputs = (old_logprob, logprob, advantages, response_mask)
+        clip = {"clip_ratio_low": clip_ratio_low, "clip_ratio_high": clip_ratio_high}
+        if name == "vanilla":
+            return policy_loss(
+                *inputs, **clip, clip_ratio_dual=clip_ratio_dual, loss_agg_mode=loss_agg_mode
+            )
+        if name == "gspo":
+            return gspo_loss(*inputs, **clip, loss_agg_mode=loss_agg_mode)
+        if name == "cispo":
+            return cispo_loss(*inputs, **clip, loss_agg_mode=loss_agg_mode)
+        if name == "gmpo":
+            return gmpo_loss(*inputs, **clip, loss_agg_mode=loss_agg_mode)
+        if name == "clip_cov":
+            return clip_cov_loss(
+                *inputs,
+                **clip,
+                cov_fraction=clip_cov_fraction,
+                cov_low=clip_cov_low,
+                cov_high=clip_cov_high,
+                loss_agg_mode=loss_agg_mode,
+                generator=generator,
+            )
+        if name == "kl_cov":
+            return kl_cov_loss(
+                *inputs,
+                cov_fraction=kl_cov_fraction,
+                kl_cov_coef=kl_cov_coef,
+                loss_agg_mode=loss_agg_mode,
+            )
+        if name == "reinforce":
+            return reinforce_loss(*inputs, loss_agg_mode=loss_agg_mode)
+        raise ValueError(f"no policy loss {name!r}")  # unreachable: names come from the notes
+
+    entry.__name__ = f"_{name}_policy_loss"
+    return entry
+
+
+POLICY_LOSS_NOTES: dict[str, AlgorithmNote] = {
+    "vanilla": AlgorithmNote(
+        "PPO clipped surrogate on token ratios, optional dual clip (actor.clip_ratio_dual)",
+        'Schulman et al. 2017, "Proximal Policy Optimization", arXiv:1707.06347; dual clip: '
+        "Ye et al. 2020, arXiv:1912.09729",
+    ),
+    "gspo": AlgorithmNote(
+        "one ratio per sequence (geometric mean of token ratios), clipped per sequence; "
+        "use tiny clip ratios (3e-4/4e-4) and seq-mean-token-mean",
+        'Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071',
+    ),
+    "cispo": AlgorithmNote(
+        "REINFORCE term weighted by the clipped, stop-gradient ratio: clipped tokens "
+        "keep their gradient",
+        'MiniMax 2025, "MiniMax-M1", arXiv:2506.13585',
+    ),
+    "gmpo": AlgorithmNote(
+        "geometric mean of log-space-clipped token ratios per sequence; paper's clip "
+        "range (e^-0.4, e^0.4) is clip_ratio_low 0.33, clip_ratio_high 0.49",
+        'Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673',
+    ),
+    "clip_cov": AlgorithmNote(
+        "PPO clip, and a random few tokens with advantage-logprob covariance in "
+        "(clip_cov_low, clip_cov_high) get no gradient",
+        'Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617',
+    ),
+    "kl_cov": AlgorithmNote(
+        "unclipped surrogate, plus kl_cov_coef·|log ratio| on the top kl_cov_fraction "
+        "tokens by advantage-logprob covariance",
+        'Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617',
+    ),
+    "reinforce": AlgorithmNote(
+        "-A·ratio, no clip: REINFORCE's gradient on-policy, importance-weighted after",
+        'Williams 1992, "Simple Statistical Gradient-Following Algorithms"',
+    ),
+}
+"""One line per policy loss, with its paper."""
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    name: _policy_loss_entry(name) for name in POLICY_LOSS_NOTES
+}
+"""Policy losses by config name (``actor.policy_loss``), all with the :class:`PolicyLoss`
+signature; "vanilla" is :func:`policy_loss`."""
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss registered as ``name``; ValueError naming the valid choices if none."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; valid choices: {', '.join(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
 
 
 def value_loss(
