@@ -63,13 +63,25 @@ def test_updates_are_idempotent_by_step(controller, make_batch):
     assert (again, version, replayed) == (first, 1, True)
     assert torch.equal(values_of(controller, batch)[0], after)  # nothing trained
 
-    _, version, replayed = run(controller.update_critic(3, make_batch(4, seed=12)))
-    assert (version, replayed) == (2, False)  # steps may skip numbers
-    with pytest.raises(RpcError) as stale:
-        run(controller.update_critic(2, batch))
-    assert stale.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "last applied step 3" in stale.value.message
+    _, version, replayed = run(controller.update_critic(1, make_batch(4, seed=12)))
+    assert (version, replayed) == (2, False)
     assert run(controller.update_critic(0, batch))[1:] == (1, True)  # still replayable
+
+
+def test_steps_that_skip_ahead_are_refused_and_poison_nothing(controller, make_batch):
+    """Issue 12 defect 6: step 2^63-1 was applied, and every later real step refused."""
+    batch = make_batch(4, seed=14)
+    expected, version = controller.last_applied_step + 1, controller.weights_version
+    before = values_of(controller, batch)[0]
+    for step in (2**63 - 1, expected + 1):
+        with pytest.raises(RpcError) as error:
+            run(controller.update_critic(step, batch))
+        assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert error.value.message.startswith("step: ")
+        assert f"expects step {expected} next" in error.value.message
+    assert (controller.last_applied_step, controller.weights_version) == (expected - 1, version)
+    assert torch.equal(values_of(controller, batch)[0], before)  # nothing trained
+    assert run(controller.update_critic(expected, batch))[1:] == (version + 1, False)
 
 
 def _with(batch: Batch, **tensors) -> Batch:
@@ -142,7 +154,7 @@ def test_invalid_requests_name_the_field_and_train_nothing(controller, make_batc
     for_values, for_updates = bad_batches(make_batch)
     cases = [(controller.compute_values, b, c, m) for b, c, m in for_values.values()]
     cases += [
-        (lambda b: controller.update_critic(100, b), b, c, m)
+        (lambda b: controller.update_critic(controller.last_applied_step + 1, b), b, c, m)
         for b, c, m in {**for_values, **for_updates}.values()
     ]
     version = controller.weights_version
@@ -154,7 +166,8 @@ def test_invalid_requests_name_the_field_and_train_nothing(controller, make_batc
     assert controller.weights_version == version
     with pytest.raises(RpcError, match="step: must be >= 0"):
         run(controller.update_critic(-1, make_batch(4)))
-    assert run(controller.update_critic(100, make_batch(4)))[1:] == (version + 1, False)
+    step = controller.last_applied_step + 1
+    assert run(controller.update_critic(step, make_batch(4)))[1:] == (version + 1, False)
 
 
 def test_a_passed_deadline_is_deadline_exceeded(controller, make_batch):
@@ -163,9 +176,9 @@ def test_a_passed_deadline_is_deadline_exceeded(controller, make_batch):
         run(controller.compute_values(make_batch(4).select(SEQUENCE_KEYS), past))
     assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     with pytest.raises(RpcError) as error:
-        run(controller.update_critic(1000, make_batch(4), past))
+        run(controller.update_critic(controller.last_applied_step + 1, make_batch(4), past))
     assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert 1000 not in controller.applied
+    assert controller.last_applied_step + 1 not in controller.steps.results()
 
 
 def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(
@@ -187,15 +200,15 @@ def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(
 
     async def impatient_then_retry():
         with pytest.raises(RpcError) as error:
-            await controller.update_critic(5, batch, Deadline(unix_s=time.time() + 0.3))
+            await controller.update_critic(0, batch, Deadline(unix_s=time.time() + 0.3))
         assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "continues and will complete" in error.value.message
         assert controller.weights_version == 0  # still training
-        return await controller.update_critic(5, batch)  # waits for it, then replays
+        return await controller.update_critic(0, batch)  # waits for it, then replays
 
     _, version, replayed = run(impatient_then_retry())
     assert (version, replayed) == (1, True)
-    assert controller.last_applied_step == 5
+    assert controller.last_applied_step == 0
 
 
 def test_config_errors_name_the_field(tiny_model_dir):

@@ -186,15 +186,32 @@ def test_replayed_step_returns_stored_result_and_does_not_train(service):
 
 def test_old_steps_whose_result_is_gone_are_rejected(service):
     start = service.controller.last_applied_step + 1
-    for step in (start, start + 2, start + 4):  # keeps 2 results: start is dropped
+    for step in (start, start + 1, start + 2):  # keeps 2 results: start is dropped
         batch = service.update_batch()
         service.update_actor(step, service.controller.weights_version, batch)
     version = service.controller.weights_version
-    for step in (start, start + 1, start + 3):
+    error = rpc_error(lambda: service.update_actor(start, version, batch))
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.message.startswith("step: ") and f"expects step {start + 3} next" in error.message
+    assert service.update_actor(start + 1, version, batch).replayed
+    assert service.update_actor(start + 2, version, batch).replayed
+
+
+def test_steps_that_skip_ahead_are_refused_and_poison_nothing(service):
+    """Issue 12 defect 6: step 2^63-1 was applied, and every later real step refused."""
+    batch = service.update_batch()
+    expected, version = service.controller.last_applied_step + 1, service.controller.weights_version
+    weights = service.worker.policy_weights()
+    for step in (2**63 - 1, expected + 1):
         error = rpc_error(lambda s=step: service.update_actor(s, version, batch))
         assert error.code == grpc.StatusCode.FAILED_PRECONDITION
         assert error.message.startswith("step: ")
-    assert service.update_actor(start + 4, version, batch).replayed
+        assert f"expects step {expected} next" in error.message
+    assert service.controller.last_applied_step == expected - 1
+    assert service.controller.weights_version == version
+    assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
+    result = service.update_actor(expected, version, batch)  # the real step still trains
+    assert not result.replayed and result.weights_version == version + 1
 
 
 def test_versions_must_match(service):

@@ -8,9 +8,10 @@ in-process workers in unit tests.
 Choices:
 - One asyncio lock orders every call that touches the workers, so ComputeValues stamps
   the version its values were computed with and updates never interleave.
-- UpdateCritic is idempotent by step: a step already applied returns its stored metrics
-  and version with replayed=true and trains nothing; a step at or below the last applied
-  one whose result is no longer kept is FAILED_PRECONDITION. Steps may skip numbers.
+- UpdateCritic is idempotent by step (rlserve.core.steps.StepLedger, the rule every
+  stateful service shares): the next step (last applied + 1) trains; a kept applied step
+  returns its stored metrics and version with replayed=true and trains nothing; any
+  other step is FAILED_PRECONDITION naming the expected step.
 - Mini-batches are planned here, over the request's global rows (a fresh permutation
   per epoch, seeded by the step), and every mini-batch is split evenly over the ranks;
   each rank receives only the rows its slices use. So N workers train what one worker
@@ -24,7 +25,6 @@ Choices:
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,18 +33,12 @@ import grpc
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
+from rlserve.core.serving import Deadline, RpcError, invalid_argument
+from rlserve.core.steps import StepLedger
 from rlserve.core.training import DS_CHECKPOINT_TAG, minibatch_indices
 from rlserve.core.validation import require_sequences
-from rlserve.critic.config import CriticServiceConfig
-from rlserve.critic.requests import update_batch
-from rlserve.critic.worker import (
-    DEEPSPEED_DIR,
-    CriticWorker,
-    MiniBatchSlice,
-    RankUpdate,
-    loss_units,
-)
+from rlserve.critic.config import DEEPSPEED_DIR, CriticServiceConfig
+from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units, update_batch
 
 T = TypeVar("T")
 
@@ -79,7 +73,7 @@ def start_worker_group(config: CriticServiceConfig) -> Any:
     from rlserve.core.workers import WorkerGroup
 
     return WorkerGroup(
-        CriticWorker,
+        "rlserve.critic.worker:CriticWorker",
         config.workers,
         worker_kwargs(config),
         num_cpus_per_worker=config.num_cpus_per_worker,
@@ -140,11 +134,14 @@ class CriticController:
         self.config = config
         self.group = group
         self.weights_version = 0
-        self.last_applied_step = -1
-        # step -> (metrics, weights_version after it), oldest first
-        self.applied: OrderedDict[int, tuple[dict[str, float], int]] = OrderedDict()
+        # step -> (metrics, weights_version after it), the latest REPLAY_HISTORY_STEPS
+        self.steps: StepLedger[tuple[dict[str, float], int]] = StepLedger(REPLAY_HISTORY_STEPS)
         self._lock = asyncio.Lock()
         self._worker_infos: list[dict[str, Any]] | None = None
+
+    @property
+    def last_applied_step(self) -> int:
+        return self.steps.last_applied_step
 
     async def worker_infos(self) -> list[dict[str, Any]]:
         """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
@@ -217,23 +214,16 @@ class CriticController:
         vocab_size = (await self.worker_infos())[0]["vocab_size"]
 
         async def work() -> tuple[dict[str, float], int, bool]:
-            if step in self.applied:
-                metrics, version = self.applied[step]
+            stored = self.steps.replay_or_require_next(step)
+            if stored is not None:
+                metrics, version = stored
                 return metrics, version, True
-            if step <= self.last_applied_step:
-                raise failed_precondition(
-                    f"step {step} is at or before the last applied step "
-                    f"{self.last_applied_step} and its result is no longer kept"
-                )
             clean = update_batch(
                 batch, vocab_size, self.config.max_batch_samples, self.config.ppo_mini_batch_samples
             )
             metrics = await self._train(step, clean)
             self.weights_version += 1
-            self.last_applied_step = step
-            self.applied[step] = (metrics, self.weights_version)
-            while len(self.applied) > REPLAY_HISTORY_STEPS:
-                self.applied.popitem(last=False)
+            self.steps.record(step, (metrics, self.weights_version))
             return metrics, self.weights_version, False
 
         return await self._exclusive(deadline, f"UpdateCritic step {step}", work, atomic=True)
@@ -297,7 +287,8 @@ class CriticController:
                 "weights_version": self.weights_version,
                 "last_applied_step": self.last_applied_step,
                 "applied": [
-                    [step, metrics, version] for step, (metrics, version) in self.applied.items()
+                    [step, metrics, version]
+                    for step, (metrics, version) in self.steps.results().items()
                 ],
             }
             await self.group.run_all("save_checkpoint", directory, client_state)
@@ -314,10 +305,12 @@ class CriticController:
             states = await self.group.run_all("load_checkpoint", directory)
             state = states[0]
             self.weights_version = int(state["weights_version"])
-            self.last_applied_step = int(state["last_applied_step"])
-            self.applied = OrderedDict(
-                (int(step), (dict(metrics), int(version)))
-                for step, metrics, version in state["applied"]
+            self.steps.restore(
+                int(state["last_applied_step"]),
+                [
+                    (int(step), (dict(metrics), int(version)))
+                    for step, metrics, version in state["applied"]
+                ],
             )
             return self.weights_version, self.last_applied_step
 

@@ -6,11 +6,12 @@ It owns what is service-wide rather than per rank:
   its batch with the version that produced it; a request that names another version
   (expected_weights_version, UpdateActor.weights_version) gets FAILED_PRECONDITION, so
   policies are never silently mixed.
-- **Idempotent updates.** An UpdateActor carries its step. The results of the last
-  `kept_update_results` steps are kept: a retried step gets its stored result with
-  replayed=true and trains nothing, whatever batch and version it carries (a retry
-  carries the version its update consumed; a different batch is logged as a likely
-  caller bug). An older step whose result is gone is FAILED_PRECONDITION.
+- **Idempotent updates.** An UpdateActor carries its step, checked by
+  rlserve.core.steps.StepLedger (the rule every stateful service shares): the next step
+  (last applied + 1) trains; a kept applied step (the last `kept_update_results`) gets
+  its stored result with replayed=true and trains nothing, whatever batch and version it
+  carries (a retry carries the version its update consumed; a different batch is logged
+  as a likely caller bug); any other step is FAILED_PRECONDITION naming the expected one.
 - **Temperature.** Log-probs are taken under softmax(logits / T). GenerateSequences
   stamps its batch's meta with the sampling temperature (`temperature`; 1 for greedy),
   and ComputeLogProb / UpdateActor use the T their batch's meta carries, else the
@@ -39,7 +40,6 @@ import hashlib
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
+from rlserve.core.steps import StepLedger
 from rlserve.core.training import minibatch_indices
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
@@ -152,11 +153,14 @@ class RolloutController:
         self.workers = workers
         self.settings = settings
         self.weights_version = 0
-        self.last_applied_step = -1
-        self._updates: OrderedDict[int, UpdateRecord] = OrderedDict()
+        self.steps: StepLedger[UpdateRecord] = StepLedger(settings.kept_update_results)
         self._broken: str | None = None
         self._lock = asyncio.Lock()
         self._worker_info: list[dict[str, Any]] | None = None
+
+    @property
+    def last_applied_step(self) -> int:
+        return self.steps.last_applied_step
 
     # ---- RPC logic ----------------------------------------------------------------------
 
@@ -299,7 +303,7 @@ class RolloutController:
         settings = self.settings
         async with self._lock:
             self._check_usable()
-            stored = self._updates.get(step)
+            stored = self.steps.replay_or_require_next(step)
             if stored is not None:
                 if stored.fingerprint != fingerprint:
                     # The contract replays by step alone; a different batch under an
@@ -310,12 +314,6 @@ class RolloutController:
                         step,
                     )
                 return UpdateResult(stored.metrics, stored.weights_version, replayed=True)
-            if step <= self.last_applied_step:
-                raise failed_precondition(
-                    f"step: {step} is not after the last applied step {self.last_applied_step} "
-                    f"and its result is no longer kept (the last {settings.kept_update_results} "
-                    "are); steps must increase"
-                )
             self._check_version("weights_version", weights_version)
             batch = check_update_batch(
                 batch, settings.vocab_size, settings.max_batch_samples, settings.use_kl_loss
@@ -337,8 +335,7 @@ class RolloutController:
             metrics["update_s"] = time.perf_counter() - start
             metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
             self.weights_version += 1
-            self.last_applied_step = step
-            self._remember(UpdateRecord(step, self.weights_version, metrics, fingerprint))
+            self.steps.record(step, UpdateRecord(step, self.weights_version, metrics, fingerprint))
             return UpdateResult(metrics, self.weights_version, replayed=False)
 
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
@@ -451,27 +448,24 @@ class RolloutController:
                 f"{stage}: the workers did not answer within {timeout_s:.1f} s",
             ) from None
 
-    def _remember(self, record: UpdateRecord) -> None:
-        self._updates[record.step] = record
-        while len(self._updates) > self.settings.kept_update_results:
-            self._updates.popitem(last=False)
-
     def _client_state(self) -> dict[str, Any]:
         return {
             "weights_version": self.weights_version,
             "last_applied_step": self.last_applied_step,
             "updates": [
                 [r.step, r.weights_version, dict(r.metrics), r.fingerprint]
-                for r in self._updates.values()
+                for r in self.steps.results().values()
             ],
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.weights_version = int(state["weights_version"])
-        self.last_applied_step = int(state["last_applied_step"])
-        self._updates = OrderedDict(
-            (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fingerprint)))
-            for step, version, metrics, fingerprint in state["updates"]
+        self.steps.restore(
+            int(state["last_applied_step"]),
+            [
+                (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fingerprint)))
+                for step, version, metrics, fingerprint in state["updates"]
+            ],
         )
 
 
