@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlserve.core.embedded.evaluate import exact_match, greedy_accuracy
+from rlserve.core.embedded.evaluate import greedy_accuracy
 from rlserve.core.embedded.model import build_tiny_llama, save_model
-from rlserve.core.embedded.task import addition_rows, read_jsonl, write_jsonl
+from rlserve.core.embedded.task import addition_rows, exact_match, read_jsonl, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.core.embedded.warmup import (
     IGNORE_INDEX,

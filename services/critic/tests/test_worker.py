@@ -8,7 +8,8 @@ import torch
 from rlserve.core.cluster import free_port
 from rlserve.core.ppo_math import value_loss
 from rlserve.critic.model import load_value_model, response_values
-from rlserve.critic.worker import CriticWorker, MiniBatchSlice, RankUpdate, loss_units
+from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units
+from rlserve.critic.worker import CriticWorker
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 

@@ -19,6 +19,9 @@ from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import TracingConfig
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+# A critic checkpoint directory: the value model (safetensors) and DeepSpeed's state.
+MODEL_DIR = "model"
+DEEPSPEED_DIR = "deepspeed"
 Dtype = Literal["float32", "bfloat16", "float16"]
 
 

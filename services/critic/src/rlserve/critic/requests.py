@@ -1,4 +1,5 @@
-"""Checks of ComputeValues / UpdateCritic batches, before any worker sees them.
+"""Checks of ComputeValues / UpdateCritic batches, before any worker sees them, and
+what each rank is handed to train on (RankUpdate).
 
 Every failure is an RpcError naming the field (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED
 for an oversized batch), so a bad request never reaches a model and the replica keeps
@@ -8,6 +9,8 @@ and masks as int64 and values/returns as float32.
 The sequence layout checks are rlserve.core.validation.require_sequences, shared with
 the reference service.
 """
+
+from dataclasses import dataclass
 
 import torch
 
@@ -44,3 +47,31 @@ def update_batch(batch: Batch, vocab_size: int, max_rows: int, mini_batch_sample
     like = sequences.tensors["responses"]
     extra = {key: _response_floats(batch, key, like) for key in ("values", "returns")}
     return Batch(tensors={**sequences.tensors, **extra}, meta=sequences.meta)
+
+
+def loss_units(response_mask: torch.Tensor, loss_agg_mode: str) -> int:
+    """What the loss averages over: response tokens, or sequences with at least one."""
+    if loss_agg_mode == "token-mean":
+        return int(response_mask.sum())
+    return int(response_mask.bool().any(dim=1).sum())
+
+
+@dataclass(frozen=True)
+class MiniBatchSlice:
+    """This rank's rows of one global mini-batch."""
+
+    rows: torch.Tensor
+    """Row indices into the rank's batch, int64 [mini_batch_samples / world_size]."""
+    global_units: int
+    """Loss units (see loss_units) of the whole mini-batch, over all ranks."""
+
+
+@dataclass(frozen=True)
+class RankUpdate:
+    """What one rank trains on in one UpdateCritic."""
+
+    batch: Batch
+    """The rows this rank needs: input_ids, attention_mask, responses, response_mask,
+    values, returns."""
+    mini_batches: list[MiniBatchSlice]
+    """In optimizer-step order (epoch-major)."""

@@ -19,7 +19,6 @@ Update semantics, chosen so that N workers compute the same update as one:
 
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,38 +37,9 @@ from rlserve.core.training import (
     save_training_checkpoint,
 )
 from rlserve.core.workers import distributed_address, init_process_group
+from rlserve.critic.config import DEEPSPEED_DIR, MODEL_DIR
 from rlserve.critic.model import load_value_model, response_values, save_value_model
-
-MODEL_DIR = "model"
-DEEPSPEED_DIR = "deepspeed"
-
-
-def loss_units(response_mask: torch.Tensor, loss_agg_mode: str) -> int:
-    """What the loss averages over: response tokens, or sequences with at least one."""
-    if loss_agg_mode == "token-mean":
-        return int(response_mask.sum())
-    return int(response_mask.bool().any(dim=1).sum())
-
-
-@dataclass(frozen=True)
-class MiniBatchSlice:
-    """This rank's rows of one global mini-batch."""
-
-    rows: torch.Tensor
-    """Row indices into the rank's batch, int64 [mini_batch_samples / world_size]."""
-    global_units: int
-    """Loss units (see loss_units) of the whole mini-batch, over all ranks."""
-
-
-@dataclass(frozen=True)
-class RankUpdate:
-    """What one rank trains on in one UpdateCritic."""
-
-    batch: Batch
-    """The rows this rank needs: input_ids, attention_mask, responses, response_mask,
-    values, returns."""
-    mini_batches: list[MiniBatchSlice]
-    """In optimizer-step order (epoch-major)."""
+from rlserve.critic.requests import RankUpdate, loss_units
 
 
 class CriticWorker:

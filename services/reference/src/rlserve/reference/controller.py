@@ -26,7 +26,6 @@ from rlserve.core.batch import Batch
 from rlserve.core.serving import Deadline, RpcError, invalid_argument
 from rlserve.core.validation import require_sequences
 from rlserve.reference.config import ReferenceServiceConfig
-from rlserve.reference.worker import ReferenceWorker
 
 NO_DEADLINE = Deadline()
 # Batch meta key the rollout service stamps with the sampling temperature of generation.
@@ -51,7 +50,7 @@ def start_worker_group(config: ReferenceServiceConfig) -> Any:
     from rlserve.core.workers import WorkerGroup
 
     return WorkerGroup(
-        ReferenceWorker,
+        "rlserve.reference.worker:ReferenceWorker",
         config.workers,
         worker_kwargs(config),
         num_cpus_per_worker=config.num_cpus_per_worker,

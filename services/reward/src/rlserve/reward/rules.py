@@ -35,7 +35,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rlserve.core.config import ConfigError
-from rlserve.core.embedded.evaluate import exact_match
+from rlserve.core.embedded.task import exact_match
 
 RuleFn = Callable[..., float]
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from importlib.metadata import version as package_version
 
-import ray
 from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
@@ -25,7 +24,6 @@ from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.engine import RolloutController, controller_settings
 from rlserve.rollout.generation import SamplingSettings
-from rlserve.rollout.worker import ActorWorker, actor_worker_kwargs
 from rlserve.v1 import common_pb2, reference_pb2, rollout_pb2
 
 ROLE = "rollout"
@@ -53,14 +51,14 @@ class RolloutDeployment:
         setup_replica_tracing(ROLE, config.tracing)  # before the workers: they inherit it
         self.config = config
         workers = WorkerGroup(
-            ActorWorker,
+            "rlserve.rollout.worker:ActorWorker.from_service_config",
             config.workers,
-            actor_worker_kwargs(config),
+            {"config": config},
             num_cpus_per_worker=config.num_cpus_per_worker,
             placement=config.placement,
             device=config.device,
         )
-        limits = ray.get(workers.workers[0].model_limits.remote())
+        limits = workers.call_rank0("model_limits")
         self.controller = RolloutController(workers, controller_settings(config, **limits))
 
     @rpc_method(rollout_pb2.GenerateSequencesResponse)

@@ -172,6 +172,13 @@ class ActorWorker:
     the generation engine.
     """
 
+    @classmethod
+    def from_service_config(
+        cls, rank: int, world_size: int, config: RolloutServiceConfig
+    ) -> ActorWorker:
+        """The worker a rollout service config describes (WorkerGroup's factory)."""
+        return cls(rank=rank, world_size=world_size, **actor_worker_kwargs(config))
+
     def __init__(
         self,
         rank: int,

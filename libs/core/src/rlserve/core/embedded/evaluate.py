@@ -3,9 +3,7 @@
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-
-def exact_match(response_text: str, ground_truth: str) -> bool:
-    return response_text.strip() == ground_truth.strip()
+from rlserve.core.embedded.task import exact_match
 
 
 @torch.no_grad()

@@ -22,6 +22,11 @@ def addition_rows(operand_max: int, train_pairs: int, eval_pairs: int, seed: int
     return rows[:train_pairs], rows[train_pairs : train_pairs + eval_pairs]
 
 
+def exact_match(response_text: str, ground_truth: str) -> bool:
+    """The task's score: the response is the answer, surrounding whitespace aside."""
+    return response_text.strip() == ground_truth.strip()
+
+
 def write_jsonl(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
