@@ -84,6 +84,38 @@ def test_forward_and_memory_knobs_reach_the_workers():
     assert (reference["micro_batch_samples"], reference["logits_chunk_tokens"]) == (3, 32)
 
 
+def test_policy_loss_choice_and_knobs_reach_the_actor_worker():
+    """actor.policy_loss and its knobs travel run config -> rollout service -> worker."""
+    config = _config(
+        actor={
+            "policy_loss": "clip_cov",
+            "clip_ratio_low": 0.25,
+            "clip_ratio_high": 0.28,
+            "loss_agg_mode": "seq-mean-token-sum-norm",
+            "clip_cov_fraction": 0.01,
+            "clip_cov_low": 0.5,
+            "clip_cov_high": 4.0,
+            "kl_cov_fraction": 0.02,
+            "kl_cov_coef": 0.3,
+            "kl_loss_kind": "low_var_kl+",
+        }
+    )
+    rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])
+    loss = actor_worker_kwargs(rollout)["loss"]
+    assert loss.policy_loss == "clip_cov"
+    assert (loss.clip_ratio_low, loss.clip_ratio_high) == (0.25, 0.28)
+    assert loss.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert (loss.clip_cov_fraction, loss.clip_cov_low, loss.clip_cov_high) == (0.01, 0.5, 4.0)
+    assert (loss.kl_cov_fraction, loss.kl_cov_coef) == (0.02, 0.3)
+    assert loss.kl_loss_kind == "low_var_kl+"
+
+
+def test_rollout_service_rejects_an_unknown_policy_loss_naming_the_choices():
+    args = service_args(_config(), "/m")["rollout"] | {"policy_loss": "ppo"}
+    with pytest.raises(Exception, match=r"policy_loss: Input should be 'vanilla', 'gspo'"):
+        validate_config(RolloutServiceConfig, args)
+
+
 def test_long_responses_raise_the_rollout_limit():
     config = _config(rollout={"max_new_tokens": 3000}, data={"max_prompt_tokens": 64})
     rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])

@@ -7,6 +7,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from rlserve.core import ppo_math as pm
 from rlserve.core.config import (
     ConfigError,
     ConfigModel,
@@ -180,6 +181,86 @@ def test_bad_literal_and_bounds_are_all_reported():
     err = error_of("algorithm.adv_estimator=ppo", "rollout.top_p=0", "rollout.top_k=0")
     assert set(err.paths) == {"algorithm.adv_estimator", "rollout.top_p", "rollout.top_k"}
     assert "3 problems" in str(err)
+
+
+def test_algorithm_names_come_from_the_ppo_math_registries():
+    # every registered name is accepted where its family is chosen
+    for estimator in pm.ADVANTAGE_ESTIMATORS:
+        config = load(
+            f"algorithm.adv_estimator={estimator}",
+            "rollout.responses_per_prompt=8",
+            "trainer.prompts_per_step=64",
+            "actor.ppo_mini_batch_prompts=16",
+            "critic.ppo_mini_batch_prompts=16",
+        )
+        assert config.needs_critic == pm.needs_critic(estimator)
+    for loss in pm.POLICY_LOSSES:
+        assert load(f"actor.policy_loss={loss}").actor.policy_loss == loss
+    for kind in pm.KL_KINDS:
+        c = load(f"algorithm.kl_penalty={kind}", f"actor.kl_loss_kind={kind}")
+        assert (c.algorithm.kl_penalty, c.actor.kl_loss_kind) == (kind, kind)
+    for mode in pm.LOSS_AGG_MODES:
+        assert load(f"actor.loss_agg_mode={mode}").actor.loss_agg_mode == mode
+    assert RunConfig().actor.policy_loss == "vanilla"
+    assert RunConfig().algorithm.norm_adv_by_std_in_grpo
+    assert RunConfig().algorithm.singleton_groups == "zero"
+
+
+def test_unknown_algorithm_names_list_the_valid_choices():
+    err = error_of(
+        "actor.policy_loss=ppo",
+        "algorithm.kl_penalty=k4",
+        "actor.kl_loss_kind=k2+",
+        "actor.loss_agg_mode=sum",
+        "algorithm.singleton_groups=raw",
+    )
+    assert set(err.paths) == {
+        "actor.policy_loss",
+        "algorithm.kl_penalty",
+        "actor.kl_loss_kind",
+        "actor.loss_agg_mode",
+        "algorithm.singleton_groups",
+    }
+    text = str(err)
+    assert "'vanilla', 'gspo', 'cispo', 'gmpo', 'clip_cov', 'kl_cov' or 'reinforce'" in text
+    assert "'k1+', 'k3+' or 'low_var_kl+'" in text
+    # the critic implements only the first three aggregation modes
+    assert error_of("critic.loss_agg_mode=token-sum").paths == ("critic.loss_agg_mode",)
+
+
+def test_loss_knobs_that_would_do_nothing_are_errors():
+    err = error_of("actor.policy_loss=gspo", "actor.clip_ratio_dual=3")
+    assert err.paths == ("actor.clip_ratio_dual",)
+    assert "'vanilla' only" in str(err)
+    assert error_of("actor.clip_cov_low=5", "actor.clip_cov_high=1").paths == (
+        "actor.clip_cov_high",
+    )
+    # GRPO's std division has its own switch; the old spelling fails instead of silently
+    # changing meaning
+    err = error_of(*GRPO, "algorithm.whiten_advantages=false")
+    assert err.paths == ("algorithm.whiten_advantages",)
+    assert "norm_adv_by_std_in_grpo=false" in str(err)
+    assert not load(
+        *GRPO, "algorithm.norm_adv_by_std_in_grpo=false"
+    ).algorithm.norm_adv_by_std_in_grpo
+
+
+def test_describe_lists_every_algorithm_choice_with_its_paper():
+    text = describe_config(RunConfig)
+    families = {
+        "algorithm.adv_estimator": pm.ADVANTAGE_ESTIMATOR_NOTES,
+        "actor.policy_loss": pm.POLICY_LOSS_NOTES,
+        "algorithm.kl_penalty": pm.KL_KIND_NOTES,
+        "actor.kl_loss_kind": pm.KL_KIND_NOTES,
+        "actor.loss_agg_mode": pm.LOSS_AGG_MODE_NOTES,
+    }
+    lines = text.splitlines()
+    for field, notes in families.items():
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"{field}:"))
+        listed = lines[start + 2 : start + 2 + len(notes)]
+        assert listed == [f"      {name}: {note.line()}" for name, note in notes.items()], field
+    assert "      gspo: one ratio per sequence" in text
+    assert "arXiv:2507.18071" in text
 
 
 def test_yaml_top_level_must_be_a_mapping(tmp_path):

@@ -17,12 +17,14 @@ def _batch(**extra):
     return Batch(tensors=tensors, non_tensors={"uid": [0, 0]})
 
 
-def _settings(estimator="gae", kl_in_reward=True, whiten=False):
+def _settings(estimator="gae", kl_in_reward=True, whiten=False, norm_by_std=True, singleton="zero"):
     return AdvantageSettings(
         estimator,
         gamma=1.0,
         lam=1.0,
         whiten_advantages=whiten,
+        norm_adv_by_std=norm_by_std,
+        singleton_groups=singleton,
         kl_kind="k1",
         kl_in_reward=kl_in_reward,
     )
@@ -63,3 +65,24 @@ def test_grpo_uses_groups_and_reports_reference_drift_with_kl_loss():
 def test_gae_needs_values():
     with pytest.raises(KeyError, match="values"):
         compute_advantages(_batch(), _settings(), kl_coef=0.0)
+
+
+def test_grpo_std_switch_and_singleton_choice_reach_the_estimator():
+    # scores 1 and 0 in group 0, 0.5 alone in group 1
+    mask = torch.ones(3, 2, dtype=torch.long)
+    batch = Batch(
+        tensors={
+            "response_mask": mask,
+            "scores": torch.tensor([1.0, 0.0, 0.5]),
+            "old_log_probs": torch.zeros(3, 2),
+        },
+        non_tensors={"uid": [0, 0, 1]},
+    )
+    dr_grpo = _settings("grpo", kl_in_reward=False, norm_by_std=False, singleton="score")
+    targets, _ = compute_advantages(batch, dr_grpo, kl_coef=0.0)
+    # no std division: ±0.5 around the group mean; the singleton keeps its score 0.5
+    expected = torch.tensor([[0.5, 0.5], [-0.5, -0.5], [0.5, 0.5]])
+    assert torch.allclose(targets["advantages"], expected)
+    targets, _ = compute_advantages(batch, _settings("grpo", kl_in_reward=False), kl_coef=0.0)
+    assert targets["advantages"][0, 0] == pytest.approx(0.7071, abs=1e-3)
+    assert torch.equal(targets["advantages"][2], torch.zeros(2))

@@ -1,4 +1,5 @@
-"""The `rlserve` command line: `trace report` delegation, `model import-gguf` arguments."""
+"""The `rlserve` command line: `trace report` delegation, `model import-gguf` arguments,
+`config --describe`."""
 
 import json
 
@@ -71,3 +72,25 @@ def test_a_context_overflow_found_after_loading_is_a_config_error_exit_2(tmp_pat
     assert code == 2
     error = capsys.readouterr().err
     assert error.startswith("config error: data.max_prompt_tokens: 60 + rollout.max_new_tokens 8")
+
+
+def test_config_describe_lists_the_algorithm_catalogue(capsys):
+    from rlserve.core import ppo_math
+
+    assert cli.main(["config", "--describe"]) == 0
+    text = capsys.readouterr().out
+    notes = (
+        ppo_math.ADVANTAGE_ESTIMATOR_NOTES,
+        ppo_math.POLICY_LOSS_NOTES,
+        ppo_math.KL_KIND_NOTES,
+        ppo_math.LOSS_AGG_MODE_NOTES,
+    )
+    for family in notes:
+        for name, note in family.items():
+            assert f"      {name}: {note.line()}\n" in text, name
+
+
+def test_config_with_an_unknown_policy_loss_exits_2_naming_the_choices(capsys):
+    assert cli.main(["config", "actor.policy_loss=ppo"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("config error: actor.policy_loss: Input should be 'vanilla'")

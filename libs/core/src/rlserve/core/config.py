@@ -395,6 +395,9 @@ def describe_config(model_cls: type[pydantic.BaseModel]) -> str:
 
         actor.lr: float = 0.0002  (> 0)
             Learning rate of the actor's AdamW optimizer.
+
+    A field whose `json_schema_extra` holds {"choices": {name: line}} also lists each
+    choice with its line (the algorithm fields: what each name does and its paper).
     """
     lines: list[str] = []
     for path, field in _walk_fields(model_cls):
@@ -412,6 +415,10 @@ def describe_config(model_cls: type[pydantic.BaseModel]) -> str:
                 head += f"  ({bounds})"
             lines.append(head)
         lines.append(f"    {doc}")
+        extra = field.json_schema_extra
+        choices = extra.get("choices") if isinstance(extra, dict) else None
+        if isinstance(choices, dict):
+            lines += [f"      {name}: {line}" for name, line in choices.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -18,13 +18,24 @@ single section (e.g. the reward service's `RewardConfig`) gets them too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.devices import DeviceSetting
+from rlserve.core.ppo_math import (
+    ADVANTAGE_ESTIMATOR_NOTES,
+    KL_KIND_NOTES,
+    LOSS_AGG_MODE_NOTES,
+    POLICY_LOSS_NOTES,
+    SINGLETON_GROUP_CHOICES,
+    AlgorithmNote,
+    needs_group_ids,
+)
+from rlserve.core.ppo_math import needs_critic as estimator_needs_critic
 from rlserve.core.vllm_config import VllmConfig
 
 __all__ = [
@@ -36,6 +47,7 @@ __all__ = [
     "ArithmeticTaskConfig",
     "AutoscalingConfig",
     "CriticConfig",
+    "CriticLossAggMode",
     "DataConfig",
     "HttpRewardConfig",
     "KlControlConfig",
@@ -43,11 +55,13 @@ __all__ = [
     "LossAggMode",
     "ModelConfig",
     "PlacementConfig",
+    "PolicyLossName",
     "ResourcePoolConfig",
     "RewardConfig",
     "RolePlacementConfig",
     "RolloutConfig",
     "RunConfig",
+    "SingletonGroups",
     "TinyModelConfig",
     "TracingConfig",
     "TrainerConfig",
@@ -57,12 +71,28 @@ __all__ = [
 EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_default.yaml"
 """The example config: the embedded default run with every setting written out."""
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
-KlKind = Literal["k1", "k2", "k3", "abs"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+# The choices of the algorithm fields are the PPO math registries' names (one list, in
+# rlserve.core.ppo_math), so the config accepts exactly what is implemented and an
+# unknown name fails validation, naming the field and every valid choice.
+AdvEstimator = Literal[tuple(ADVANTAGE_ESTIMATOR_NOTES)]  # type: ignore[valid-type]
+PolicyLossName = Literal[tuple(POLICY_LOSS_NOTES)]  # type: ignore[valid-type]
+KlKind = Literal[tuple(KL_KIND_NOTES)]  # type: ignore[valid-type]
+LossAggMode = Literal[tuple(LOSS_AGG_MODE_NOTES)]  # type: ignore[valid-type]
+SingletonGroups = Literal[SINGLETON_GROUP_CHOICES]  # type: ignore[valid-type]
+CriticLossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+"""The modes the critic service implements (its loss units per micro-batch)."""
 
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset(
+    name for name in ADVANTAGE_ESTIMATOR_NOTES if needs_group_ids(name)
+)
 """Estimators whose baseline comes from the other responses to the same prompt."""
+
+
+def _choices(notes: Mapping[str, AlgorithmNote], names: tuple[str, ...] | None = None) -> Any:
+    """Field extra that makes `rlserve config --describe` list each choice under the
+    field with its one-line note and paper."""
+    return {"choices": {n: note.line() for n, note in notes.items() if names is None or n in names}}
+
 
 _DATA_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 
@@ -260,10 +290,29 @@ class ActorConfig(ConfigModel):
     clip_ratio_high: float = Field(0.2, ge=0)
     """PPO clip: the ratio is kept below 1 + clip_ratio_high."""
     clip_ratio_dual: float | None = Field(None, gt=1)
-    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off."""
-    loss_agg_mode: LossAggMode = "token-mean"
-    """How token losses become one number: mean over all tokens, or per-sequence sum/mean
-    then mean over sequences."""
+    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off.
+    Read by policy_loss 'vanilla' only."""
+    policy_loss: PolicyLossName = Field("vanilla", json_schema_extra=_choices(POLICY_LOSS_NOTES))
+    """Policy loss: 'vanilla' is PPO's clipped surrogate; clip_ratio_low/high are the clip
+    of vanilla, gspo, cispo, gmpo and clip_cov (each in its own sense, see the list)."""
+    loss_agg_mode: LossAggMode = Field(
+        "token-mean", json_schema_extra=_choices(LOSS_AGG_MODE_NOTES)
+    )
+    """How a micro-batch's token losses (policy, entropy and KL loss) become one number;
+    micro-batches and workers are then averaged, so 'token-sum' is the micro-batch's sum."""
+    clip_cov_fraction: float = Field(2e-4, ge=0, le=1)
+    """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped
+    (picked at random among those in the covariance band); policy_loss 'clip_cov' only."""
+    clip_cov_low: float = 1.0
+    """Clip-Cov: lower bound of the advantage-logprob covariance band (exclusive)."""
+    clip_cov_high: float = 5.0
+    """Clip-Cov: upper bound of the covariance band (exclusive); must exceed clip_cov_low."""
+    kl_cov_fraction: float = Field(2e-3, ge=0, le=1)
+    """KL-Cov: fraction of a micro-batch's response tokens, those of largest
+    advantage-logprob covariance, that pay kl_cov_coef·|log ratio|; policy_loss 'kl_cov'
+    only (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""
+    kl_cov_coef: float = Field(1.0, ge=0)
+    """KL-Cov: weight β of the |log ratio| penalty on the selected tokens."""
     entropy_coef: float = Field(0.0, ge=0)
     """Weight of the entropy bonus."""
     use_kl_loss: bool = False
@@ -271,8 +320,9 @@ class ActorConfig(ConfigModel):
     KL penalty in the reward."""
     kl_loss_coef: float = Field(0.04, ge=0)
     """Weight of the KL loss term; used only when use_kl_loss."""
-    kl_loss_kind: KlKind = "k3"
-    """KL estimator of the KL loss term."""
+    kl_loss_kind: KlKind = Field("k3", json_schema_extra=_choices(KL_KIND_NOTES))
+    """KL estimator of the KL loss term (a '+' variant: the estimator's value with k2's
+    gradient)."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     zero_stage: int = Field(0, ge=0, le=3)
@@ -323,6 +373,16 @@ class ActorConfig(ConfigModel):
                 "3 partitions the base weights that LoRA merges for generation; use "
                 "zero_stage 0-2 with lora_rank > 0",
             )
+        if self.clip_ratio_dual is not None and self.policy_loss != "vanilla":
+            raise ConfigError(
+                "clip_ratio_dual",
+                f"is read by policy_loss 'vanilla' only, not {self.policy_loss!r}; set it to null",
+            )
+        if self.clip_cov_low >= self.clip_cov_high:
+            raise ConfigError(
+                "clip_cov_high",
+                f"must exceed clip_cov_low ({self.clip_cov_low}); got {self.clip_cov_high}",
+            )
         return self
 
 
@@ -360,7 +420,10 @@ class CriticConfig(ConfigModel):
     few long sequences make a small micro-batch; None = by sample count only."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them."""
-    loss_agg_mode: LossAggMode = "token-mean"
+    loss_agg_mode: CriticLossAggMode = Field(
+        "token-mean",
+        json_schema_extra=_choices(LOSS_AGG_MODE_NOTES, CriticLossAggMode.__args__),
+    )
     """How token value losses become one number: mean over all tokens, or per-sequence
     sum/mean then mean over sequences."""
     max_batch_samples: int = Field(4096, ge=1)
@@ -407,19 +470,43 @@ class KlControlConfig(ConfigModel):
 class AlgorithmConfig(ConfigModel):
     """Advantage estimation and the KL penalty, computed by the trainer."""
 
-    adv_estimator: AdvEstimator = "gae"
+    adv_estimator: AdvEstimator = Field(
+        "gae", json_schema_extra=_choices(ADVANTAGE_ESTIMATOR_NOTES)
+    )
     """Advantage estimator; 'gae' needs the critic, the others use reward baselines."""
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per token (GAE)."""
     lam: float = Field(0.95, ge=0, le=1)
     """GAE λ: trades bias (0) for variance (1)."""
-    kl_penalty: KlKind = "k1"
-    """KL estimator of the per-token penalty in the rewards."""
+    kl_penalty: KlKind = Field("k1", json_schema_extra=_choices(KL_KIND_NOTES))
+    """KL estimator of the per-token penalty in the rewards (a '+' variant counts as its
+    base estimator here: a reward has no gradient)."""
     kl_ctrl: KlControlConfig = Field(default_factory=KlControlConfig)
     """Controller of the penalty's coefficient β."""
     whiten_advantages: bool = True
-    """Normalise advantages: 'gae' whitens them over the step's response tokens, 'grpo'
-    divides by each group's std; the other estimators ignore it."""
+    """Whiten 'gae' advantages over the step's response tokens; the other estimators
+    ignore it (GRPO's std division is norm_adv_by_std_in_grpo)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """'grpo' divides each score's distance from its group mean by the group's std;
+    false is Dr. GRPO (no std division: easy and hard prompts are not up-weighted)."""
+    singleton_groups: SingletonGroups = "zero"
+    """What a prompt group of one response gets from the group estimators (grpo, rloo,
+    reinforce_plus_plus_baseline, opo, gpg): 'zero' (no other response to compare with,
+    so no signal) or 'score' (baseline 0: its raw score passes through, as VeRL does).
+    A run's groups all hold rollout.responses_per_prompt >= 2 responses today; this
+    decides what a group cut down to one would get."""
+
+    @model_validator(mode="after")
+    def _grpo_std_has_its_own_switch(self) -> AlgorithmConfig:
+        explicit = "whiten_advantages" in self.model_fields_set
+        if self.adv_estimator == "grpo" and explicit and not self.whiten_advantages:
+            raise ConfigError(
+                "whiten_advantages",
+                "false no longer changes 'grpo' (it whitens 'gae' advantages only); for GRPO "
+                "without the std division (Dr. GRPO) set algorithm.norm_adv_by_std_in_grpo="
+                "false and leave this out",
+            )
+        return self
 
 
 # --- reward -----------------------------------------------------------------------------
@@ -736,7 +823,7 @@ class RunConfig(ConfigModel):
     @property
     def needs_critic(self) -> bool:
         """Whether the run uses the critic service (GAE advantages)."""
-        return self.algorithm.adv_estimator == "gae"
+        return estimator_needs_critic(self.algorithm.adv_estimator)
 
     @property
     def needs_reference(self) -> bool:

@@ -17,12 +17,10 @@ from pydantic import Field, model_validator
 from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.devices import DeviceSetting
 from rlserve.core.placement import WorkerPlacementConfig
-from rlserve.core.run_config import TracingConfig
+from rlserve.core.run_config import KlKind, LossAggMode, PolicyLossName, TracingConfig
 from rlserve.core.vllm_config import VllmConfig
 
 Dtype = Literal["float32", "bfloat16", "float16"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-KlKind = Literal["k1", "k2", "k3", "abs"]
 
 
 class RolloutServiceConfig(ConfigModel):
@@ -93,10 +91,24 @@ class RolloutServiceConfig(ConfigModel):
     clip_ratio_high: float = Field(0.2, ge=0)
     """PPO clip: the ratio is kept below 1 + clip_ratio_high."""
     clip_ratio_dual: float | None = Field(None, gt=1)
-    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off."""
+    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off
+    (policy_loss 'vanilla' only)."""
+    policy_loss: PolicyLossName = "vanilla"
+    """Policy loss by name (rlserve.core.ppo_math.POLICY_LOSSES); 'vanilla' is PPO's
+    clipped surrogate."""
     loss_agg_mode: LossAggMode = "token-mean"
-    """How token losses of a micro-batch become one number: mean over all tokens, or
-    per-sequence sum/mean then mean over sequences."""
+    """How token losses of a micro-batch become one number (rlserve.core.ppo_math
+    .aggregate_loss)."""
+    clip_cov_fraction: float = Field(2e-4, ge=0, le=1)
+    """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped."""
+    clip_cov_low: float = 1.0
+    """Clip-Cov: lower bound of the covariance band (exclusive)."""
+    clip_cov_high: float = 5.0
+    """Clip-Cov: upper bound of the covariance band (exclusive)."""
+    kl_cov_fraction: float = Field(2e-3, ge=0, le=1)
+    """KL-Cov: fraction of a micro-batch's response tokens that pay the |log ratio| penalty."""
+    kl_cov_coef: float = Field(1.0, ge=0)
+    """KL-Cov: weight of the |log ratio| penalty."""
     entropy_coef: float = Field(0.0, ge=0)
     """Weight of the entropy bonus (subtracted from the loss)."""
     use_kl_loss: bool = False
@@ -144,6 +156,21 @@ class RolloutServiceConfig(ConfigModel):
         if self.use_kl_loss and self.kl_loss_coef == 0:
             issues.append(
                 ("kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off")
+            )
+        if self.clip_ratio_dual is not None and self.policy_loss != "vanilla":
+            issues.append(
+                (
+                    "clip_ratio_dual",
+                    f"is read by policy_loss 'vanilla' only, not {self.policy_loss!r}; set it "
+                    "to null",
+                )
+            )
+        if self.clip_cov_low >= self.clip_cov_high:
+            issues.append(
+                (
+                    "clip_cov_high",
+                    f"must exceed clip_cov_low ({self.clip_cov_low}); got {self.clip_cov_high}",
+                )
             )
         if self.ppo_mini_batch_samples % self.workers:
             issues.append(

@@ -40,7 +40,7 @@ from rlserve.core.batch import Batch
 from rlserve.core.devices import resolve_device
 from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, save_adapter
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
-from rlserve.core.ppo_math import aggregate_loss, kl_loss, policy_loss
+from rlserve.core.ppo_math import aggregate_loss, get_policy_loss, kl_loss
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
     forward_micro_batches,
@@ -111,12 +111,19 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class PolicyLossSettings:
-    """The PPO loss knobs (see rlserve.core.ppo_math.policy_loss)."""
+    """The policy loss and its knobs (see rlserve.core.ppo_math.POLICY_LOSSES)."""
 
+    policy_loss: str
+    """Name in ppo_math.POLICY_LOSSES ("vanilla" = PPO clip, "gspo", "cispo", ...)."""
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_dual: float | None
     loss_agg_mode: str
+    clip_cov_fraction: float
+    clip_cov_low: float
+    clip_cov_high: float
+    kl_cov_fraction: float
+    kl_cov_coef: float
     entropy_coef: float
     use_kl_loss: bool
     kl_loss_coef: float
@@ -152,10 +159,16 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
             grad_accum_steps=config.grad_accum_steps,
         ),
         "loss": PolicyLossSettings(
+            policy_loss=config.policy_loss,
             clip_ratio_low=config.clip_ratio_low,
             clip_ratio_high=config.clip_ratio_high,
             clip_ratio_dual=config.clip_ratio_dual,
             loss_agg_mode=config.loss_agg_mode,
+            clip_cov_fraction=config.clip_cov_fraction,
+            clip_cov_low=config.clip_cov_low,
+            clip_cov_high=config.clip_cov_high,
+            kl_cov_fraction=config.kl_cov_fraction,
+            kl_cov_coef=config.kl_cov_coef,
             entropy_coef=config.entropy_coef,
             use_kl_loss=config.use_kl_loss,
             kl_loss_coef=config.kl_loss_coef,
@@ -451,7 +464,7 @@ class ActorWorker:
             with_entropy=True,
         )
         log_prob = scores.log_probs
-        loss, metrics = policy_loss(
+        loss, metrics = get_policy_loss(loss_settings.policy_loss)(
             micro["old_log_probs"],
             log_prob,
             micro["advantages"],
@@ -460,6 +473,11 @@ class ActorWorker:
             clip_ratio_high=loss_settings.clip_ratio_high,
             clip_ratio_dual=loss_settings.clip_ratio_dual,
             loss_agg_mode=loss_settings.loss_agg_mode,
+            clip_cov_fraction=loss_settings.clip_cov_fraction,
+            clip_cov_low=loss_settings.clip_cov_low,
+            clip_cov_high=loss_settings.clip_cov_high,
+            kl_cov_fraction=loss_settings.kl_cov_fraction,
+            kl_cov_coef=loss_settings.kl_cov_coef,
         )
         entropy = aggregate_loss(scores.entropy, mask, loss_settings.loss_agg_mode)
         if loss_settings.entropy_coef > 0:

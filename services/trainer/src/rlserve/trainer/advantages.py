@@ -28,8 +28,13 @@ class AdvantageSettings:
     gamma: float
     lam: float
     whiten_advantages: bool
+    """Whiten "gae" advantages."""
+    norm_adv_by_std: bool
+    """"grpo" divides by the group std (False: Dr. GRPO)."""
+    singleton_groups: str
+    """What a group of one sample gets ("zero" or "score"; ppo_math.SINGLETON_GROUP_CHOICES)."""
     kl_kind: str
-    """KL estimator for the in-reward penalty ("k1", "k2", "k3", "abs")."""
+    """KL estimator for the in-reward penalty (a name in ppo_math.KL_KINDS)."""
     kl_in_reward: bool
     """Penalise KL in the token rewards (False when the actor uses a KL loss instead)."""
 
@@ -67,6 +72,8 @@ def compute_advantages(
         gamma=settings.gamma,
         lam=settings.lam,
         normalize_advantages=settings.whiten_advantages,
+        norm_adv_by_std=settings.norm_adv_by_std,
+        singleton_groups=settings.singleton_groups,
     )
     metrics["advantages_mean"] = masked_mean(advantages, mask)
     metrics["returns_mean"] = masked_mean(returns, mask)

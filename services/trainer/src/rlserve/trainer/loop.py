@@ -134,6 +134,8 @@ class PPOTrainer:
             gamma=algorithm.gamma,
             lam=algorithm.lam,
             whiten_advantages=algorithm.whiten_advantages,
+            norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo,
+            singleton_groups=algorithm.singleton_groups,
             kl_kind=algorithm.kl_penalty,
             kl_in_reward=not config.actor.use_kl_loss,
         )
