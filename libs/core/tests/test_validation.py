@@ -9,6 +9,7 @@ from rlserve.core.validation import (
     require_mask,
     require_non_tensor,
     require_rows,
+    require_sequences,
     require_tensor,
     require_token_ids,
 )
@@ -114,3 +115,62 @@ def test_non_tensor():
         batch,
         "response_text",
     )
+
+
+def _sequences(prompt_len: int, response_len: int) -> dict[str, torch.Tensor]:
+    ids = torch.arange(1, 1 + 2 * (prompt_len + response_len)).reshape(2, -1) % 9
+    responses = ids[:, prompt_len:].clone()
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "responses": responses,
+        "response_mask": torch.ones_like(responses),
+        "values": torch.zeros(2, response_len),
+    }
+
+
+def test_sequences_layout_and_the_four_tensors_it_returns():
+    clean = require_sequences(Batch(_sequences(3, 2), meta={"step": 4}), 9, 8)
+    assert sorted(clean.tensors) == ["attention_mask", "input_ids", "response_mask", "responses"]
+    assert clean.meta == {"step": 4}
+
+
+def test_sequences_need_a_prompt_column_before_the_responses():
+    """Issue 12 defect 5: responses filling all of input_ids (a zero-prompt batch)."""
+    zero_prompt = Batch(_sequences(0, 4))
+    _raises(
+        INVALID,
+        r"^batch\.tensors\['input_ids'\]: needs more positions \(4\) than responses \(4\)",
+        require_sequences,
+        zero_prompt,
+        9,
+        8,
+    )
+    _raises(
+        INVALID, r"^update\.tensors\['input_ids'\]", require_sequences, zero_prompt, 9, 8, "update"
+    )
+
+
+def test_sequences_responses_must_be_the_real_tail_of_input_ids():
+    tensors = _sequences(3, 2)
+    tensors["responses"] = tensors["responses"].flip(1)
+    _raises(
+        INVALID,
+        r"^batch\.tensors\['responses'\]: must equal",
+        require_sequences,
+        Batch(tensors),
+        9,
+        8,
+    )
+    tensors = _sequences(3, 2)
+    tensors["attention_mask"][0, -1] = 0
+    _raises(
+        INVALID,
+        r"^batch\.tensors\['response_mask'\]: marks positions",
+        require_sequences,
+        Batch(tensors),
+        9,
+        8,
+    )
+    tensors["response_mask"][0, -1] = 0  # a masked-out response position is fine
+    require_sequences(Batch(tensors), 9, 8)

@@ -214,6 +214,36 @@ def test_steps_that_skip_ahead_are_refused_and_poison_nothing(service):
     assert not result.replayed and result.weights_version == version + 1
 
 
+def test_zero_prompt_batch_is_invalid_argument_and_the_service_stays_usable(service):
+    """Issue 12 defect 5: responses filling all of input_ids got INTERNAL from
+    ComputeLogProb, and UpdateActor left the service refusing every call."""
+    batch = service.update_batch()
+    zero_prompt = Batch(
+        {
+            **batch.tensors,
+            "input_ids": batch["responses"],
+            "attention_mask": batch["response_mask"],
+        },
+        meta=batch.meta,
+    )
+    step, version = service.controller.last_applied_step + 1, service.controller.weights_version
+    weights = service.worker.policy_weights()
+    calls = {
+        "ComputeLogProb": lambda: service.compute_log_prob(zero_prompt),
+        "UpdateActor": lambda: service.update_actor(step, version, zero_prompt),
+    }
+    for name, call in calls.items():
+        error = rpc_error(call)
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT, (name, error.message)
+        assert error.message.startswith("batch.tensors['input_ids']: needs more positions")
+    assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
+    assert (service.controller.last_applied_step, service.controller.weights_version) == (
+        step - 1,
+        version,
+    )
+    assert not service.update_actor(step, version, batch).replayed  # still usable
+
+
 def test_versions_must_match(service):
     version = service.controller.weights_version
     batch = service.update_batch()

@@ -91,36 +91,39 @@ def require_non_tensor(batch: Batch, key: str, field: str = "batch") -> list:
     return batch.non_tensors[key]
 
 
-def require_sequences(batch: Batch, vocab_size: int, max_rows: int) -> Batch:
+def require_sequences(batch: Batch, vocab_size: int, max_rows: int, field: str = "batch") -> Batch:
     """input_ids, attention_mask [N, P+R], responses, response_mask [N, R], checked.
 
-    The layout every model service scores: responses are the last R columns of
-    input_ids, the response mask lies inside the attention mask, and at least one prompt
-    position precedes the response. Returns only these four tensors (ids and masks as
-    int64) with the batch's meta.
+    The one sequence-layout rule every model service applies (rollout, critic,
+    reference): responses are the last R columns of input_ids wherever response_mask is
+    1, those positions are real tokens (attention_mask 1), and at least one prompt
+    position precedes the responses (P >= 1: the first response token is predicted from
+    the position before it). Returns only these four tensors (ids and masks as int64)
+    with the batch's meta.
     """
-    require_rows(batch, max_rows)
-    input_ids = require_token_ids(batch, "input_ids", vocab_size)
-    attention_mask = require_mask(batch, "attention_mask", input_ids, "input_ids")
-    responses = require_token_ids(batch, "responses", vocab_size)
-    response_mask = require_mask(batch, "response_mask", responses, "responses")
+    require_rows(batch, max_rows, field)
+    input_ids = require_token_ids(batch, "input_ids", vocab_size, field)
+    attention_mask = require_mask(batch, "attention_mask", input_ids, "input_ids", field)
+    responses = require_token_ids(batch, "responses", vocab_size, field)
+    response_mask = require_mask(batch, "response_mask", responses, "responses", field)
     response_len = responses.shape[1]
     if input_ids.shape[1] <= response_len:
         raise invalid_argument(
-            "batch.tensors['input_ids']",
+            f"{field}.tensors['input_ids']",
             f"needs more positions ({input_ids.shape[1]}) than responses ({response_len}): "
-            "the first response token is predicted from the position before it",
+            "the first response token is predicted from the position before it, so send "
+            "input_ids = prompt ‖ response with at least one prompt column",
         )
     tail = input_ids[:, input_ids.shape[1] - response_len :]
     if not bool(((tail == responses) | (response_mask == 0)).all()):
         raise invalid_argument(
-            "batch.tensors['responses']",
+            f"{field}.tensors['responses']",
             "must equal the last R columns of input_ids where response_mask is 1",
         )
     tail_mask = attention_mask[:, attention_mask.shape[1] - response_len :]
     if bool((response_mask > tail_mask).any()):
         raise invalid_argument(
-            "batch.tensors['response_mask']",
+            f"{field}.tensors['response_mask']",
             "marks positions that attention_mask (last R columns) masks out",
         )
     return Batch(

@@ -5,9 +5,11 @@ and holding 0/1, finite floats, row limits). The rollout-specific rules on top:
 
 - prompts are left-padded: each attention_mask row is zeros then ones, with at least
   one real token, so a prompt ends exactly where generation starts;
-- a sequence batch is prompt ‖ response: responses [N, R] are the last R columns of
-  input_ids wherever response_mask is 1, and those positions are real tokens
-  (attention_mask 1); rows of an update have at least one response token;
+- a sequence batch is prompt ‖ response, checked by rlserve.core.validation's
+  require_sequences (the one layout rule of every model service: responses [N, R] are
+  the last R columns of input_ids wherever response_mask is 1, those positions are real
+  tokens, and at least one prompt column precedes them); rows of an update have at
+  least one response token;
 - float inputs of an update (old_log_probs, advantages, ref_log_probs) are shaped like
   responses and finite everywhere.
 """
@@ -24,6 +26,7 @@ from rlserve.core.validation import (
     require_finite,
     require_mask,
     require_rows,
+    require_sequences,
     require_tensor,
     require_token_ids,
 )
@@ -107,37 +110,10 @@ def check_prompts(
 def check_sequences(
     batch: Batch, vocab_size: int, max_batch_samples: int, field: str = "batch"
 ) -> Batch:
-    """prompt ‖ response sequences; returns them with int64 ids and masks."""
-    require_rows(batch, max_batch_samples, field)
-    input_ids = require_token_ids(batch, "input_ids", vocab_size, field)
-    attention_mask = require_mask(batch, "attention_mask", input_ids, "input_ids", field)
-    responses = require_token_ids(batch, "responses", vocab_size, field)
-    response_mask = require_mask(batch, "response_mask", responses, "responses", field)
-    width = responses.shape[1]
-    if responses.shape[0] != input_ids.shape[0] or width > input_ids.shape[1]:
-        raise invalid_argument(
-            f"{field}.tensors['responses']",
-            f"shape {list(responses.shape)} must be [N, R] with R <= the "
-            f"{input_ids.shape[1]} columns of input_ids",
-        )
-    on = response_mask.bool()
-    if bool((input_ids[:, input_ids.shape[1] - width :] != responses)[on].any()):
-        raise invalid_argument(
-            f"{field}.tensors['responses']",
-            "must equal the last R columns of input_ids wherever response_mask is 1",
-        )
-    if bool((attention_mask[:, attention_mask.shape[1] - width :] == 0)[on].any()):
-        raise invalid_argument(
-            f"{field}.tensors['response_mask']",
-            "marks tokens that attention_mask marks as padding",
-        )
-    return _with_tensors(
-        batch,
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        responses=responses,
-        response_mask=response_mask,
-    )
+    """prompt ‖ response sequences (rlserve.core.validation.require_sequences, the rule
+    critic and reference apply too); returns the batch with int64 ids and masks."""
+    sequences = require_sequences(batch, vocab_size, max_batch_samples, field)
+    return _with_tensors(batch, **sequences.tensors)
 
 
 def check_update_batch(
