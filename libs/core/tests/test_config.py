@@ -90,6 +90,31 @@ def test_grpo_recipe_from_the_example_comment_is_valid():
     assert g.algorithm.adv_estimator == "grpo" and g.actor.lr == 1e-4
 
 
+# Issue 15's recipes on top of the GRPO one (settings only; their learning is not measured
+# here): GSPO with the paper's sequence-ratio clip, Dr. GRPO (no std, constant
+# normaliser), GPG (its advantage with plain policy gradient), CISPO.
+RECIPES = {
+    "gspo": [
+        "actor.policy_loss=gspo",
+        "actor.clip_ratio_low=3e-4",
+        "actor.clip_ratio_high=4e-4",
+        "actor.loss_agg_mode=seq-mean-token-mean",
+    ],
+    "dr_grpo": [
+        "algorithm.norm_adv_by_std_in_grpo=false",
+        "actor.loss_agg_mode=seq-mean-token-sum-norm",
+    ],
+    "gpg": ["algorithm.adv_estimator=gpg", "actor.policy_loss=reinforce", "actor.ppo_epochs=1"],
+    "cispo": ["actor.policy_loss=cispo", "actor.clip_ratio_low=0.9", "actor.clip_ratio_high=4.0"],
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_catalogue_recipes_are_valid(recipe):
+    config = load_config(RunConfig, EMBEDDED_DEFAULT_CONFIG_PATH, GRPO + RECIPES[recipe])
+    assert not config.needs_critic
+
+
 def test_every_field_is_documented():
     undocumented = [
         line for line in describe_config(RunConfig).splitlines() if "undocumented" in line
