@@ -1881,7 +1881,9 @@ def kl_loss(
         logprob: Log-probs under the current policy (with grad). Shape: (B, T).
         ref_logprob: Log-probs under the reference policy. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
-        kind: A :func:`kl_penalty` kind; "low_var_kl" (k3) is the usual choice.
+        kind: A :func:`kl_penalty` kind; "low_var_kl" (k3) is the usual choice, and
+            "low_var_kl+" keeps its value but trains with k2's gradient, the unbiased
+            gradient of KL(π_θ ‖ π_ref) (k3's own gradient is that of KL(π_ref ‖ π_θ)).
         loss_agg_mode: See :func:`aggregate_loss`.
 
     Returns:
