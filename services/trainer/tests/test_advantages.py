@@ -2,7 +2,9 @@ import pytest
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.trainer.advantages import AdvantageSettings, compute_advantages
+from rlserve.core.config import load_config
+from rlserve.core.run_config import RunConfig
+from rlserve.trainer.advantages import AdvantageSettings, advantage_settings, compute_advantages
 
 
 def _batch(**extra):
@@ -86,3 +88,25 @@ def test_grpo_std_switch_and_singleton_choice_reach_the_estimator():
     targets, _ = compute_advantages(batch, _settings("grpo", kl_in_reward=False), kl_coef=0.0)
     assert targets["advantages"][0, 0] == pytest.approx(0.7071, abs=1e-3)
     assert torch.equal(targets["advantages"][2], torch.zeros(2))
+
+
+def test_algorithm_settings_reach_the_advantage_settings():
+    config = load_config(
+        RunConfig,
+        None,
+        [
+            "algorithm.adv_estimator=opo",
+            "rollout.responses_per_prompt=4",
+            "algorithm.norm_adv_by_std_in_grpo=false",
+            "algorithm.singleton_groups=score",
+            "algorithm.kl_penalty=low_var_kl+",
+            "actor.use_kl_loss=true",
+        ],
+    )
+    settings = advantage_settings(config)
+    assert (settings.estimator, settings.norm_adv_by_std, settings.singleton_groups) == (
+        "opo",
+        False,
+        "score",
+    )
+    assert (settings.kl_kind, settings.kl_in_reward) == ("low_var_kl+", False)

@@ -19,6 +19,7 @@ from rlserve.core.ppo_math import (
     needs_group_ids,
     token_rewards_with_kl_penalty,
 )
+from rlserve.core.run_config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,21 @@ class AdvantageSettings:
     """KL estimator for the in-reward penalty (a name in ppo_math.KL_KINDS)."""
     kl_in_reward: bool
     """Penalise KL in the token rewards (False when the actor uses a KL loss instead)."""
+
+
+def advantage_settings(config: RunConfig) -> AdvantageSettings:
+    """The run config's advantage and KL-in-reward settings, as plain values."""
+    algorithm = config.algorithm
+    return AdvantageSettings(
+        estimator=algorithm.adv_estimator,
+        gamma=algorithm.gamma,
+        lam=algorithm.lam,
+        whiten_advantages=algorithm.whiten_advantages,
+        norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo,
+        singleton_groups=algorithm.singleton_groups,
+        kl_kind=algorithm.kl_penalty,
+        kl_in_reward=not config.actor.use_kl_loss,
+    )
 
 
 def compute_advantages(

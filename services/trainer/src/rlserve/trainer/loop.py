@@ -31,7 +31,7 @@ from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.ppo_math import AdaptiveKLController, FixedKLController, masked_mean
 from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
 from rlserve.core.run_config import RunConfig
-from rlserve.trainer.advantages import AdvantageSettings, compute_advantages
+from rlserve.trainer.advantages import advantage_settings, compute_advantages
 from rlserve.trainer.checkpoint import (
     checkpoint_dir,
     restore_rng,
@@ -128,17 +128,7 @@ class PPOTrainer:
         self.run_dir = run_dir
         self.kl_controller = _kl_controller(config)
         self.state = TrainerState()
-        algorithm = config.algorithm
-        self.advantage_settings = AdvantageSettings(
-            estimator=algorithm.adv_estimator,
-            gamma=algorithm.gamma,
-            lam=algorithm.lam,
-            whiten_advantages=algorithm.whiten_advantages,
-            norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo,
-            singleton_groups=algorithm.singleton_groups,
-            kl_kind=algorithm.kl_penalty,
-            kl_in_reward=not config.actor.use_kl_loss,
-        )
+        self.advantage_settings = advantage_settings(config)
 
     # --- one step ---------------------------------------------------------------------
 
