@@ -151,6 +151,23 @@ def test_sequences_need_a_prompt_column_before_the_responses():
     )
 
 
+def test_sequences_need_a_real_prompt_token_in_rows_with_a_response():
+    """The masked zero-prompt batch: prompt columns exist but are all padding."""
+    tensors = _sequences(3, 2)
+    tensors["attention_mask"][1, :3] = 0
+    _raises(
+        INVALID,
+        r"^batch\.tensors\['attention_mask'\]: row 1 has response tokens but no real prompt",
+        require_sequences,
+        Batch(tensors),
+        9,
+        8,
+    )
+    tensors["attention_mask"][1, 3:] = 0  # a row with neither prompt nor response is fine
+    tensors["response_mask"][1] = 0
+    require_sequences(Batch(tensors), 9, 8)
+
+
 def test_sequences_responses_must_be_the_real_tail_of_input_ids():
     tensors = _sequences(3, 2)
     tensors["responses"] = tensors["responses"].flip(1)

@@ -236,6 +236,19 @@ def test_zero_prompt_batch_is_invalid_argument_and_the_service_stays_usable(serv
         error = rpc_error(call)
         assert error.code == grpc.StatusCode.INVALID_ARGUMENT, (name, error.message)
         assert error.message.startswith("batch.tensors['input_ids']: needs more positions")
+    # the same batch with its prompt columns all padding (it reached the workers: INTERNAL)
+    prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    masked = batch["attention_mask"].clone()
+    masked[:, :prompt_len] = 0
+    padded_prompt = Batch({**batch.tensors, "attention_mask": masked}, meta=batch.meta)
+    calls = {
+        "ComputeLogProb": lambda: service.compute_log_prob(padded_prompt),
+        "UpdateActor": lambda: service.update_actor(step, version, padded_prompt),
+    }
+    for name, call in calls.items():
+        error = rpc_error(call)
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT, (name, error.message)
+        assert error.message.startswith("batch.tensors['attention_mask']: row 0 has response")
     assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
     assert (service.controller.last_applied_step, service.controller.weights_version) == (
         step - 1,

@@ -96,10 +96,10 @@ def require_sequences(batch: Batch, vocab_size: int, max_rows: int, field: str =
 
     The one sequence-layout rule every model service applies (rollout, critic,
     reference): responses are the last R columns of input_ids wherever response_mask is
-    1, those positions are real tokens (attention_mask 1), and at least one prompt
-    position precedes the responses (P >= 1: the first response token is predicted from
-    the position before it). Returns only these four tensors (ids and masks as int64)
-    with the batch's meta.
+    1, those positions are real tokens (attention_mask 1), and a prompt precedes them:
+    at least one prompt column (P >= 1: the first response token is predicted from the
+    position before it), with a real token in every row that has a response token.
+    Returns only these four tensors (ids and masks as int64) with the batch's meta.
     """
     require_rows(batch, max_rows, field)
     input_ids = require_token_ids(batch, "input_ids", vocab_size, field)
@@ -114,17 +114,25 @@ def require_sequences(batch: Batch, vocab_size: int, max_rows: int, field: str =
             "the first response token is predicted from the position before it, so send "
             "input_ids = prompt ‖ response with at least one prompt column",
         )
-    tail = input_ids[:, input_ids.shape[1] - response_len :]
+    prompt_len = input_ids.shape[1] - response_len
+    tail = input_ids[:, prompt_len:]
     if not bool(((tail == responses) | (response_mask == 0)).all()):
         raise invalid_argument(
             f"{field}.tensors['responses']",
             "must equal the last R columns of input_ids where response_mask is 1",
         )
-    tail_mask = attention_mask[:, attention_mask.shape[1] - response_len :]
+    tail_mask = attention_mask[:, prompt_len:]
     if bool((response_mask > tail_mask).any()):
         raise invalid_argument(
             f"{field}.tensors['response_mask']",
             "marks positions that attention_mask (last R columns) masks out",
+        )
+    no_prompt = response_mask.bool().any(dim=1) & ~attention_mask[:, :prompt_len].bool().any(dim=1)
+    if bool(no_prompt.any()):
+        raise invalid_argument(
+            f"{field}.tensors['attention_mask']",
+            f"row {int(no_prompt.nonzero()[0])} has response tokens but no real prompt token "
+            f"(0 in all {prompt_len} prompt columns); a response is scored after its prompt",
         )
     return Batch(
         tensors={
