@@ -70,3 +70,72 @@ def test_engine_trains_and_checkpoint_restores(process_group, tiny_model_dir, tm
     assert all(torch.equal(trained[k], restored[k]) for k in trained)
     with pytest.raises(FileNotFoundError, match="no DeepSpeed checkpoint"):
         load_training_checkpoint(engine, tmp_path / "missing")
+
+
+class _Payload:
+    """Unpickling this runs code: it writes `marker` (what a crafted checkpoint did)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('payload ran')",))
+
+
+@pytest.mark.parametrize(
+    "victim", ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+)
+def test_a_pickle_payload_in_a_checkpoint_never_runs(
+    process_group, tiny_model_dir, tmp_path, victim
+):
+    """Issue 12 defect 2: DeepSpeed's loader unpickled a crafted state file."""
+    from rlserve.core import training
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = build_training_engine(
+        model, lr=1e-2, zero_stage=1, micro_batch_samples=2, grad_accum_steps=1, grad_clip=1.0
+    )
+    save_training_checkpoint(engine, tmp_path, client_state={"weights_version": 1})
+    weights = full_state_dict(engine)
+    marker = tmp_path / "marker"
+    torch.save(
+        {"module": _Payload(marker), "optimizer_state_dict": {}}, tmp_path / "state" / victim
+    )
+    with pytest.raises(Exception, match="refused by weights-only loading"):
+        training.load_training_checkpoint(engine, tmp_path)
+    assert not marker.exists()
+    with pytest.raises(training.UnsafeCheckpointError, match=victim):
+        training.check_training_checkpoint(tmp_path, rank=0)
+    assert not marker.exists()
+    assert all(torch.equal(weights[k], v) for k, v in full_state_dict(engine).items())
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
+def test_weights_only_loading_reads_every_stage_checkpoint(
+    process_group, tiny_model_dir, tmp_path, zero_stage
+):
+    from rlserve.core.training import UnsafeCheckpointError, check_training_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = build_training_engine(
+        model,
+        lr=1e-2,
+        zero_stage=zero_stage,
+        micro_batch_samples=2,
+        grad_accum_steps=1,
+        grad_clip=1.0,
+    )
+    ids = torch.randint(4, 20, (2, 6))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    save_training_checkpoint(engine, tmp_path, client_state={"weights_version": 1})
+    trained = full_state_dict(engine)
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    check_training_checkpoint(tmp_path, rank=0)
+    assert load_training_checkpoint(engine, tmp_path)["weights_version"] == 1
+    assert all(torch.equal(trained[k], v) for k, v in full_state_dict(engine).items())
+    state_file = sorted((tmp_path / "state").glob("*.pt"))[0]
+    state_file.write_bytes(state_file.read_bytes()[:100])  # a truncated (corrupt) file
+    with pytest.raises(UnsafeCheckpointError, match="refused by weights-only loading"):
+        check_training_checkpoint(tmp_path, rank=0)

@@ -10,9 +10,18 @@ CPU. DeepSpeed scales each micro-batch loss by 1/gradient_accumulation_steps in
 Checkpoints hold two things: DeepSpeed's own (weights + optimizer + scheduler, for
 resume, written by every rank) and the weights in HF format as safetensors (for users,
 written by rank 0 from a gathered state dict, ZeRO-3 included).
+
+Loading never unpickles code. DeepSpeed's own loader is `torch.load(weights_only=False)`:
+a crafted `*.pt` file under a checkpoint ran a caller's code in the workers. Here every
+file DeepSpeed reads goes through `torch.load(weights_only=True)` (tensors, containers,
+numbers, strings, plus the three plain DeepSpeed classes its optimizer states hold:
+SAFE_DEEPSPEED_GLOBALS), first in `check_training_checkpoint` — every rank reads its
+files before any rank changes a weight, so a refused or corrupt file leaves the service
+as it was — and again in the load itself.
 """
 
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,14 +132,88 @@ def save_training_checkpoint(engine: Any, directory: Path, client_state: dict) -
     engine.save_checkpoint(str(directory), tag=DS_CHECKPOINT_TAG, client_state=client_state)
 
 
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file that weights-only loading refuses: it holds code to run (a
+    pickle payload), an object of an unexpected class, or is corrupt."""
+
+
+SAFE_DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+"""Classes DeepSpeed 0.19's optimizer states pickle (ZeRO 1-3, fp32/bf16/fp16): a loss
+scaler (plain attributes), an int enum and a named tuple. Weights-only loading may
+build exactly these besides torch's own tensor types; everything else is refused."""
+_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
+
+
+def weights_only_load(path: str | Path, map_location: Any = "cpu") -> Any:
+    """torch.load that builds tensors and plain data only (never runs pickled code).
+
+    Raises:
+        UnsafeCheckpointError: naming the file and torch's reason.
+    """
+    import importlib
+
+    allowed = []
+    for name in SAFE_DEEPSPEED_GLOBALS:
+        module, _, attribute = name.rpartition(".")
+        allowed.append(getattr(importlib.import_module(module), attribute))
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:
+        reason = " ".join(str(error).split())[:300]
+        raise UnsafeCheckpointError(f"{path}: refused by weights-only loading ({reason})") from None
+
+
+def check_training_checkpoint(directory: Path, rank: int) -> None:
+    """Reads every state file of `directory`'s DeepSpeed checkpoint that `rank` loads
+    (the model states, and the ZeRO partitions of this rank) with weights_only_load,
+    changing nothing: call on every rank before load_training_checkpoint.
+
+    Raises:
+        FileNotFoundError: no DeepSpeed checkpoint there.
+        UnsafeCheckpointError: a file would run code, holds another class, or is corrupt.
+    """
+    tag_dir = Path(directory) / DS_CHECKPOINT_TAG
+    if not tag_dir.is_dir():
+        raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+    files = sorted(tag_dir.glob("*.pt"))
+    if not files:
+        raise FileNotFoundError(f"no DeepSpeed state files under {tag_dir}")
+    for path in files:
+        owner = _RANK_FILE.search(path.name)
+        if owner is None or int(owner.group(1)) == rank:
+            weights_only_load(path)
+
+
 def load_training_checkpoint(engine: Any, directory: Path) -> dict:
-    """Restores what save_training_checkpoint wrote; returns its client_state."""
+    """Restores what save_training_checkpoint wrote; returns its client_state.
+
+    Every file goes through weights_only_load (DeepSpeed's own loader unpickles). Call
+    check_training_checkpoint on every rank first: a refused file raises here only
+    after some state may have changed.
+    """
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location: Any = None) -> Any:
+            return weights_only_load(path, map_location)
+
     # DeepSpeed asserts deep inside on a missing checkpoint; say what is missing instead.
     if not (Path(directory) / DS_CHECKPOINT_TAG).is_dir():
         raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
-    path, client_state = engine.load_checkpoint(
-        str(directory), tag=DS_CHECKPOINT_TAG, load_optimizer_states=True
-    )
+    own_engine = engine.checkpoint_engine
+    engine.checkpoint_engine = WeightsOnlyCheckpointEngine()
+    try:
+        path, client_state = engine.load_checkpoint(
+            str(directory), tag=DS_CHECKPOINT_TAG, load_optimizer_states=True
+        )
+    finally:
+        engine.checkpoint_engine = own_engine
     if path is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
     return client_state
