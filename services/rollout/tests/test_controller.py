@@ -286,8 +286,16 @@ def test_update_rows_must_tile_mini_batches(service):
     assert error.message.startswith("batch: 6 rows must be a multiple of ppo_mini_batch_samples")
 
 
+def checkpoints_under(service: Service, root) -> None:
+    """Confines the service's checkpoints to `root` (its config's checkpoint_root)."""
+    settings = service.controller.settings
+    service.controller.settings = replace(settings, checkpoint_root=str(root))
+
+
 def test_checkpoint_restores_weights_version_and_replays(service, tmp_path):
-    saved_version, saved_step = service.save_checkpoint(str(tmp_path))
+    checkpoints_under(service, tmp_path)
+    saved_version, saved_step = service.save_checkpoint("step_1/rollout")
+    tmp_path = tmp_path / "step_1" / "rollout"
     assert (tmp_path / "model" / "model.safetensors").exists()
     assert (tmp_path / "model" / "tokenizer.json").exists()
     saved_weights = service.worker.policy_weights()
@@ -295,7 +303,7 @@ def test_checkpoint_restores_weights_version_and_replays(service, tmp_path):
     probe_scores, _ = service.compute_log_prob(probe)
     service.update_actor(saved_step + 1, saved_version, probe)
     assert service.controller.weights_version == saved_version + 1
-    assert service.load_checkpoint(str(tmp_path)) == (saved_version, saved_step)
+    assert service.load_checkpoint("step_1/rollout") == (saved_version, saved_step)
     restored = service.worker.policy_weights()
     assert all(torch.equal(saved_weights[k], restored[k]) for k in saved_weights)
     scores, _ = service.compute_log_prob(probe)
@@ -305,12 +313,72 @@ def test_checkpoint_restores_weights_version_and_replays(service, tmp_path):
     torch.testing.assert_close(rescored["log_probs"], fresh["rollout_log_probs"], atol=1e-4, rtol=0)
     # the step after the checkpoint can be applied again; the saved step replays
     assert not service.update_actor(saved_step + 1, saved_version, probe).replayed
-    error = rpc_error(lambda: service.load_checkpoint(str(tmp_path / "missing")))
+    error = rpc_error(lambda: service.load_checkpoint("missing"))
     assert error.code == grpc.StatusCode.FAILED_PRECONDITION
     assert error.message.startswith("location.path: no rollout checkpoint")
-    error = rpc_error(lambda: service.save_checkpoint("relative/dir"))
-    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.message.startswith("location.path:")
+
+
+class _Payload:
+    """Unpickling this runs code: it writes `marker` (what a crafted checkpoint did)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('payload ran')",))
+
+
+def test_checkpoints_stay_under_the_root_and_bad_ones_leave_the_service_serving(service, tmp_path):
+    """Issue 12 defects 2-4: SaveCheckpoint wrote to any absolute path; a bad path or
+    checkpoint was INTERNAL and left the rollout refusing all work; LoadCheckpoint
+    unpickled a crafted state file."""
+    outside = tmp_path / "outside"
+    for name in (str(outside), "/proc/self/x", "../outside", "a\x00b", ""):
+        error = rpc_error(lambda n=name: service.save_checkpoint(n))
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT, (name, error.message)
+        assert error.message.startswith("location.path: ")
+        error = rpc_error(lambda n=name: service.load_checkpoint(n))
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT, (name, error.message)
+    assert not outside.exists()
+
+    root = tmp_path / "root"
+    root.mkdir()
+    checkpoints_under(service, root)
+    (root / "a_file").write_text("x")
+    for name, reason in (("a_file", "it is a file"), ("a_file/below", "is a file")):
+        error = rpc_error(lambda n=name: service.save_checkpoint(n))
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION, error.message
+        assert str(root / "a_file") in error.message and reason in error.message
+        error = rpc_error(lambda n=name: service.load_checkpoint(n))
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION, error.message
+
+    version, step = service.save_checkpoint("good")
+    weights = service.worker.policy_weights()
+    state_dir = root / "good" / "deepspeed" / "state"
+    model_states = state_dir / "mp_rank_00_model_states.pt"
+    original = model_states.read_bytes()
+    marker = tmp_path / "marker"
+    corrupt = original[: len(original) // 2]
+    for content in (corrupt, None):
+        if content is None:
+            torch.save({"module": _Payload(marker)}, model_states)
+        else:
+            model_states.write_bytes(content)
+        error = rpc_error(lambda: service.load_checkpoint("good"))
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION, error.message
+        assert "no usable rollout checkpoint" in error.message
+        assert "keeps its current weights" in error.message
+    assert not marker.exists()
+    # still serving what it had: same weights, not broken, generation and updates work
+    assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
+    assert (service.controller.weights_version, service.controller.last_applied_step) == (
+        version,
+        step,
+    )
+    batch = service.update_batch()
+    assert not service.update_actor(step + 1, version, batch).replayed
+    model_states.write_bytes(original)
+    assert service.load_checkpoint("good") == (version, step)
 
 
 def test_update_plan_is_the_same_whatever_the_worker_count():
@@ -358,7 +426,9 @@ def test_lora_actor_trains_adapters_and_keeps_its_base_as_the_reference(
     scored, _ = lora.compute_log_prob(fresh)
     torch.testing.assert_close(scored["log_probs"], fresh["rollout_log_probs"], atol=1e-4, rtol=0)
 
-    lora.save_checkpoint(str(tmp_path))
+    checkpoints_under(lora, tmp_path)
+    lora.save_checkpoint("lora")
+    tmp_path = tmp_path / "lora"
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model")

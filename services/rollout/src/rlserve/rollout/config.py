@@ -136,6 +136,12 @@ class RolloutServiceConfig(ConfigModel):
     worker_call_timeout_s: float = Field(1800.0, gt=0)
     """Upper bound on one call to the workers, in seconds (the caller's deadline, when
     sooner, bounds generation and log-prob calls too)."""
+    checkpoint_root: str | None = None
+    """Directory SaveCheckpoint / LoadCheckpoint are confined to: requests name a
+    checkpoint by a path relative to it (e.g. "step_000010/rollout"); absolute paths,
+    '..' and symlinks leading out are refused. Must be shared by every worker (same path
+    on every node). None = the service saves and loads no checkpoints. The trainer sets
+    its run's checkpoints directory here when it deploys the service."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry span export of this service (and its workers); off by default. The
     trainer passes its own `trainer.tracing` here when it deploys the service."""

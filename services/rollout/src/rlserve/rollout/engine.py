@@ -24,6 +24,11 @@ It owns what is service-wide rather than per rank:
   never see half-updated weights. An update or checkpoint load that fails after it
   reached the workers may have left weights changed, so the controller refuses further
   work (FAILED_PRECONDITION) until a LoadCheckpoint succeeds.
+- **Checkpoints** live under the configured `checkpoint_root`; requests name them by a
+  relative path (rlserve.core.checkpoint_paths refuses anything that could leave the
+  root). A load first has every rank read its state files weights-only, changing
+  nothing, so a missing, corrupt or code-carrying checkpoint leaves the service as it
+  was (FAILED_PRECONDITION); only a failure inside the load itself marks it broken.
 - **Deadlines.** Every call to the workers has a timeout: the caller's deadline (when
   sooner) or `worker_call_timeout_s`. Updates and checkpoints check the caller's deadline
   before they start but then run to completion, since stopping half-way would leave
@@ -49,9 +54,15 @@ import grpc
 import torch
 
 from rlserve.core.batch import Batch
+from rlserve.core.checkpoint_paths import (
+    checkpoint_path,
+    prepare_save_dir,
+    require_load_dir,
+    save_failed,
+)
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger
-from rlserve.core.training import minibatch_indices
+from rlserve.core.training import UnsafeCheckpointError, minibatch_indices
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.request_checks import (
@@ -144,6 +155,8 @@ class ControllerSettings:
     worker_call_timeout_s: float
     serve_reference: bool = False
     """Workers hold frozen initial weights and answer ComputeRefLogProb."""
+    checkpoint_root: str | None = None
+    """Directory checkpoints are confined to (names are relative to it); None = none."""
 
 
 class RolloutController:
@@ -339,8 +352,13 @@ class RolloutController:
             return UpdateResult(metrics, self.weights_version, replayed=False)
 
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
-        """Writes <path>/model and <path>/deepspeed; returns (weights_version, last step)."""
-        directory = _checkpoint_dir(path)
+        """Writes <root>/<path>/model and .../deepspeed; returns (weights_version, last step).
+
+        `path` is relative to the configured checkpoint_root (rlserve.core.checkpoint_paths).
+        A directory that cannot be written is FAILED_PRECONDITION; nothing changes.
+        """
+        directory = checkpoint_path(self.settings.checkpoint_root, path)
+        prepare_save_dir(directory)
         return await _shielded(self._save_checkpoint(directory, deadline))
 
     async def _save_checkpoint(self, directory: Path, deadline: Deadline) -> tuple[int, int]:
@@ -348,22 +366,41 @@ class RolloutController:
             self._check_usable()
             deadline.check("SaveCheckpoint")
             state = self._client_state()
-            await self._call(
-                self.workers.run_all("save_checkpoint", str(directory), state),
-                NO_DEADLINE,
-                "SaveCheckpoint",
-            )
+            try:
+                await self._call(
+                    self.workers.run_all("save_checkpoint", str(directory), state),
+                    NO_DEADLINE,
+                    "SaveCheckpoint",
+                )
+            except OSError as error:  # disk full, permissions: the weights are untouched
+                raise save_failed(directory, error) from None
             return self.weights_version, self.last_applied_step
 
     async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
-        """Restores a SaveCheckpoint directory; returns (weights_version, last step)."""
-        directory = _checkpoint_dir(path)
+        """Restores a SaveCheckpoint directory; returns (weights_version, last step).
+
+        Every rank first reads its state files weights-only (check_checkpoint, nothing
+        changes): a missing, corrupt or code-carrying checkpoint is FAILED_PRECONDITION
+        and the service keeps serving what it had.
+        """
+        directory = checkpoint_path(self.settings.checkpoint_root, path)
+        require_load_dir(directory, "rollout checkpoint")
         return await _shielded(self._load_checkpoint(directory, deadline))
 
     async def _load_checkpoint(self, directory: Path, deadline: Deadline) -> tuple[int, int]:
         path = str(directory)
         async with self._lock:
             deadline.check("LoadCheckpoint")
+            try:
+                await self._call(
+                    self.workers.run_all("check_checkpoint", path), NO_DEADLINE, "LoadCheckpoint"
+                )
+            except (FileNotFoundError, UnsafeCheckpointError) as error:
+                reason = " ".join(str(error).split())[:300]
+                raise failed_precondition(
+                    f"location.path: no usable rollout checkpoint at {path}: {reason}; "
+                    "the service keeps its current weights"
+                ) from None
             try:
                 states = await self._call(
                     self.workers.run_all("load_checkpoint", str(directory)),
@@ -525,18 +562,6 @@ def _temperature(batch: Batch, default: float) -> float:
     return float(value) if value > 0 else 1.0
 
 
-def _checkpoint_dir(path: str) -> Path:
-    if not path:
-        raise invalid_argument("location.path", "is empty; give an absolute directory")
-    directory = Path(path)
-    if not directory.is_absolute():
-        raise invalid_argument(
-            "location.path",
-            f"{path!r} is relative; give an absolute path (workers run in other directories)",
-        )
-    return directory
-
-
 def controller_settings(
     config: RolloutServiceConfig, vocab_size: int, max_positions: int
 ) -> ControllerSettings:
@@ -556,4 +581,5 @@ def controller_settings(
         kept_update_results=config.kept_update_results,
         worker_call_timeout_s=config.worker_call_timeout_s,
         serve_reference=config.serve_reference,
+        checkpoint_root=config.checkpoint_root,
     )

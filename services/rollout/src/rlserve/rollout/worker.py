@@ -48,6 +48,7 @@ from rlserve.core.response_scoring import (
 )
 from rlserve.core.training import (
     build_training_engine,
+    check_training_checkpoint,
     full_state_dict,
     grad_norm,
     load_training_checkpoint,
@@ -518,6 +519,11 @@ class ActorWorker:
             plain.save_pretrained(model_dir, state_dict=weights, safe_serialization=True)
             self.tokenizer.save_pretrained(model_dir)
         save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
+
+    def check_checkpoint(self, directory: str) -> None:
+        """Reads this rank's state files weights-only, changing nothing (raises
+        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint."""
+        check_training_checkpoint(Path(directory) / DEEPSPEED_SUBDIR, self.rank)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer state, syncs the generation engine; the client_state."""
