@@ -235,3 +235,60 @@ def test_config_errors_name_the_field(tiny_model_dir):
         validate_config(CriticServiceConfig, {})
     config = CriticServiceConfig(model_path="m", workers=2, ppo_mini_batch_samples=8)
     assert (config.worker_mini_batch_samples, config.grad_accum_steps) == (4, 1)
+
+
+class _Payload:
+    """Unpickling this runs code: it writes `marker` (what a crafted checkpoint did)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('payload ran')",))
+
+
+def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
+    critic_model_dir, in_process_group, make_batch, tmp_path
+):
+    """Issue 12 defects 2-4: SaveCheckpoint wrote to any absolute path; a bad checkpoint
+    left the critic with unknown weights; LoadCheckpoint unpickled a crafted file."""
+    from rlserve.core.cluster import free_port
+
+    root = tmp_path / "root"
+    config = CriticServiceConfig(
+        model_path=str(critic_model_dir),
+        ppo_mini_batch_samples=4,
+        micro_batch_samples=2,
+        checkpoint_root=str(root),
+    )
+    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
+    worker.init_distributed("127.0.0.1", free_port())
+    controller = CriticController(config, in_process_group([worker]))
+    for name in (str(tmp_path / "outside"), "../outside", "a\x00b"):
+        for call in (controller.save_checkpoint, controller.load_checkpoint):
+            with pytest.raises(RpcError) as error:
+                run(call(name))
+            assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT, error.value.message
+            assert error.value.message.startswith("location.path: ")
+    assert not (tmp_path / "outside").exists()
+    root.mkdir()
+    (root / "a_file").write_text("x")
+    with pytest.raises(RpcError) as error:
+        run(controller.save_checkpoint("a_file/below"))
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"{root / 'a_file'} is a file" in error.value.message
+
+    run(controller.update_critic(0, make_batch(4)))
+    assert run(controller.save_checkpoint("good")) == (1, 0)
+    batch = make_batch(4, seed=3)
+    values = values_of(controller, batch)[0]
+    model_states = root / "good" / "deepspeed" / "state" / "mp_rank_00_model_states.pt"
+    marker = tmp_path / "marker"
+    torch.save({"module": _Payload(marker)}, model_states)
+    with pytest.raises(RpcError) as error:
+        run(controller.load_checkpoint("good"))
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "keeps its current weights" in error.value.message
+    assert not marker.exists()
+    assert torch.equal(values_of(controller, batch)[0], values)
+    assert run(controller.update_critic(1, make_batch(4)))[1:] == (2, False)

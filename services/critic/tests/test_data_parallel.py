@@ -26,11 +26,15 @@ APPS = {
     "2-zero0": ("critic-dp2-zero0-test", 2, 0),
 }
 TIMEOUT_S = 120.0
+CHECKPOINT_ROOT = None  # set by the stubs fixture
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
 
 @pytest.fixture(scope="module")
-def stubs(serve_cluster, critic_model_dir):
+def stubs(serve_cluster, critic_model_dir, tmp_path_factory):
+    global CHECKPOINT_ROOT
+    # Every tmp_path lies under pytest's base temp dir: the apps' checkpoint root.
+    CHECKPOINT_ROOT = tmp_path_factory.getbasetemp().resolve()
     targets = []
     for app, workers, zero_stage in APPS.values():
         args = {
@@ -43,6 +47,7 @@ def stubs(serve_cluster, critic_model_dir):
             "ppo_epochs": 2,
             "lr": 1e-2,
             "cliprange_value": 0.1,
+            "checkpoint_root": str(CHECKPOINT_ROOT),
         }
         targets.append(serve.RunTarget(build_app(args), name=app, route_prefix=f"/{app}"))
     serve.run_many(targets)  # together: their workers start in parallel
@@ -98,7 +103,8 @@ def test_two_workers_agree_with_one(stubs, make_batch):
 
 
 def test_two_worker_checkpoint_save_update_load_restores(stubs, make_batch, tmp_path):
-    location = common_pb2.CheckpointLocation(path=str(tmp_path))
+    name = str(tmp_path.resolve().relative_to(CHECKPOINT_ROOT))
+    location = common_pb2.CheckpointLocation(path=name)
     batch = make_batch(4, seed=33)
     saved_at = stubs[2].SaveCheckpoint(
         critic_pb2.CriticServiceSaveCheckpointRequest(location=location),

@@ -15,6 +15,7 @@ APP = "critic-service-test"
 METADATA = (("application", APP),)
 TIMEOUT_S = 120.0
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+CHECKPOINT_ROOT = None  # set by the stub fixture
 CONFIG = {
     "workers": 1,
     "num_cpus_per_worker": 1,
@@ -27,10 +28,12 @@ CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def stub(serve_cluster, tiny_model_dir):
-    serve.run(
-        build_app({"model_path": str(tiny_model_dir), **CONFIG}), name=APP, route_prefix=f"/{APP}"
-    )
+def stub(serve_cluster, tiny_model_dir, tmp_path_factory):
+    global CHECKPOINT_ROOT
+    # Every tmp_path lies under pytest's base temp dir: the service's checkpoint root.
+    CHECKPOINT_ROOT = tmp_path_factory.getbasetemp().resolve()
+    args = {"model_path": str(tiny_model_dir), "checkpoint_root": str(CHECKPOINT_ROOT), **CONFIG}
+    serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
     channel = serve_cluster.channel()
     yield critic_pb2_grpc.CriticServiceStub(channel)
     channel.close()
@@ -60,8 +63,11 @@ def update(stub, step: int, batch: Batch) -> critic_pb2.UpdateCriticResponse:
 
 
 def checkpoint(stub, rpc: str, path) -> tuple[int, int]:
+    """Save/LoadCheckpoint of a directory under the checkpoint root (or of `path` as sent,
+    when it is a str)."""
     request_type = getattr(critic_pb2, f"CriticService{rpc}Request")
-    location = common_pb2.CheckpointLocation(path=str(path))
+    name = path if isinstance(path, str) else str(path.resolve().relative_to(CHECKPOINT_ROOT))
+    location = common_pb2.CheckpointLocation(path=name)
     response = getattr(stub, rpc)(
         request_type(location=location), metadata=METADATA, timeout=TIMEOUT_S
     )
@@ -137,6 +143,8 @@ def _tensors(batch: Batch, **changes) -> Batch:
 
 
 def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
+    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=METADATA).info
+    step = info.last_applied_step + 1  # steps must be the next one: checks come after
     good = make_batch(4, seed=23)
     t = good.tensors
     nan_values = t["values"].clone()
@@ -148,16 +156,20 @@ def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
          grpc.StatusCode.RESOURCE_EXHAUSTED, "batch: 17 rows exceed"),
         (compute_values, (_tensors(good, responses=None),),
          grpc.StatusCode.INVALID_ARGUMENT, "batch.tensors['responses']: missing"),
-        (lambda s, b: update(s, 50, b), (_tensors(good, values=nan_values),),
+        (lambda s, b: update(s, step, b), (_tensors(good, values=nan_values),),
          grpc.StatusCode.INVALID_ARGUMENT, "batch.tensors['values']: 1 values are NaN or infinite"),
-        (lambda s, b: update(s, 50, b), (_tensors(good, returns=None),),
+        (lambda s, b: update(s, step, b), (_tensors(good, returns=None),),
          grpc.StatusCode.INVALID_ARGUMENT, "batch.tensors['returns']: missing"),
-        (lambda s, b: update(s, 50, b), (make_batch(6),),
+        (lambda s, b: update(s, step, b), (make_batch(6),),
          grpc.StatusCode.INVALID_ARGUMENT, "ppo_mini_batch_samples (4)"),
+        (lambda s, b: update(s, 2**63 - 1, b), (good,),
+         grpc.StatusCode.FAILED_PRECONDITION, f"expects step {step} next"),
         (lambda s, p: checkpoint(s, "LoadCheckpoint", p), (tmp_path / "nothing",),
-         grpc.StatusCode.INVALID_ARGUMENT, "location.path: no critic checkpoint"),
-        (lambda s, p: checkpoint(s, "SaveCheckpoint", p), ("relative/dir",),
-         grpc.StatusCode.INVALID_ARGUMENT, "location.path: 'relative/dir' is relative"),
+         grpc.StatusCode.FAILED_PRECONDITION, "location.path: no critic checkpoint"),
+        (lambda s, p: checkpoint(s, "SaveCheckpoint", p), ("/tmp/elsewhere",),
+         grpc.StatusCode.INVALID_ARGUMENT, "location.path: '/tmp/elsewhere' is absolute"),
+        (lambda s, p: checkpoint(s, "SaveCheckpoint", p), ("../up",),
+         grpc.StatusCode.INVALID_ARGUMENT, "location.path: '../up' climbs out with '..'"),
     ]  # fmt: skip
     for call, args, code, message in calls:
         with pytest.raises(grpc.RpcError) as error:
@@ -179,7 +191,7 @@ def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
     version = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=METADATA)
     with pytest.raises(grpc.RpcError) as error:
         stub.UpdateCritic(
-            critic_pb2.UpdateCriticRequest(step=60, batch=batch_to_proto(good)),
+            critic_pb2.UpdateCriticRequest(step=step, batch=batch_to_proto(good)),
             metadata=(*METADATA, deadline_metadata(-1.0)),
             timeout=TIMEOUT_S,
         )
@@ -188,4 +200,4 @@ def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
     # The replica keeps serving.
     values, weights_version = compute_values(stub, good)
     assert values.shape == (4, 5) and weights_version == version.info.weights_version
-    assert update(stub, 70, good).replayed is False
+    assert update(stub, step, good).replayed is False

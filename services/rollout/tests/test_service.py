@@ -48,6 +48,8 @@ class App:
     stub: rollout_pb2_grpc.RolloutServiceStub
     initial_checkpoint: Path | None = None
     """Where the fixture saved the app's state right after deployment (version 0)."""
+    checkpoint_root: Path | None = None
+    """The app's checkpoint_root: save/load send paths relative to it."""
 
     def call(self, rpc: str, request, extra_metadata=()):
         return getattr(self.stub, rpc)(
@@ -72,16 +74,20 @@ class App:
         return self.call("UpdateActor", request)
 
     def save(self, path) -> rollout_pb2.RolloutServiceSaveCheckpointResponse:
-        location = common_pb2.CheckpointLocation(path=str(path))
+        location = common_pb2.CheckpointLocation(path=self._name(path))
         return self.call(
             "SaveCheckpoint", rollout_pb2.RolloutServiceSaveCheckpointRequest(location=location)
         )
 
     def load(self, path) -> rollout_pb2.RolloutServiceLoadCheckpointResponse:
-        location = common_pb2.CheckpointLocation(path=str(path))
+        location = common_pb2.CheckpointLocation(path=self._name(path))
         return self.call(
             "LoadCheckpoint", rollout_pb2.RolloutServiceLoadCheckpointRequest(location=location)
         )
+
+    def _name(self, path) -> str:
+        """A test's directory as the service names it: relative to its checkpoint_root."""
+        return str(Path(path).resolve().relative_to(self.checkpoint_root))
 
 
 def prompts_batch(rows=PROMPT_ROWS) -> Batch:
@@ -123,18 +129,27 @@ def update_batch(app: App, prompts: Batch, seed: int = 0) -> Batch:
 def apps(serve_cluster, tiny_model_dir, tmp_path_factory):
     channel = serve_cluster.channel()
     stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    # Every tmp_path lies under pytest's base temp dir: the apps' checkpoint root.
+    root = tmp_path_factory.getbasetemp().resolve()
     # Deployed together: their workers start in parallel.
     serve.run_many(
         [
             serve.RunTarget(
-                build_app({"model_path": str(tiny_model_dir), **COMMON, **overrides}),
+                build_app(
+                    {
+                        "model_path": str(tiny_model_dir),
+                        "checkpoint_root": str(root),
+                        **COMMON,
+                        **overrides,
+                    }
+                ),
                 name=name,
                 route_prefix=f"/{name}",
             )
             for name, overrides in APPS.items()
         ]
     )
-    apps = {name.removeprefix("rollout-"): App(name, stub) for name in APPS}
+    apps = {name.removeprefix("rollout-"): App(name, stub, checkpoint_root=root) for name in APPS}
     initial = tmp_path_factory.mktemp("initial")
     for key, app in apps.items():
         app.initial_checkpoint = initial / key
@@ -443,16 +458,16 @@ CASES = {
         INVALID,
         "batch: 3 rows must be a multiple of the 2 workers",
     ),
-    "relative checkpoint path": (
+    "absolute checkpoint path": (
         "dp1",
         lambda app, u: (
             "SaveCheckpoint",
             rollout_pb2.RolloutServiceSaveCheckpointRequest(
-                location=common_pb2.CheckpointLocation(path="relative/dir")
+                location=common_pb2.CheckpointLocation(path="/tmp/elsewhere")
             ),
         ),
         INVALID,
-        "location.path: 'relative/dir' is relative",
+        "location.path: '/tmp/elsewhere' is absolute",
     ),
 }
 

@@ -74,6 +74,12 @@ class CriticServiceConfig(ConfigModel):
     in it), so a few long sequences make a small micro-batch; None = by sample count only."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
+    checkpoint_root: str | None = None
+    """Directory SaveCheckpoint / LoadCheckpoint are confined to: requests name a
+    checkpoint by a path relative to it (e.g. "step_000010/critic"); absolute paths,
+    '..' and symlinks leading out are refused. Must be shared by every worker (same path
+    on every node). None = the service saves and loads no checkpoints. The trainer sets
+    its run's checkpoints directory here when it deploys the service."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry span export of this service (and its workers); off by default. The
     trainer passes its own `trainer.tracing` here when it deploys the service."""

@@ -12,6 +12,10 @@ Choices:
   stateful service shares): the next step (last applied + 1) trains; a kept applied step
   returns its stored metrics and version with replayed=true and trains nothing; any
   other step is FAILED_PRECONDITION naming the expected step.
+- Checkpoints live under the configured checkpoint_root, named by relative paths
+  (rlserve.core.checkpoint_paths). A load first has every rank read its state files
+  weights-only, changing nothing, so a missing, corrupt or code-carrying checkpoint is
+  FAILED_PRECONDITION and the critic keeps its weights.
 - Mini-batches are planned here, over the request's global rows (a fresh permutation
   per epoch, seeded by the step), and every mini-batch is split evenly over the ranks;
   each rank receives only the rows its slices use. So N workers train what one worker
@@ -26,16 +30,21 @@ Choices:
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.core.serving import Deadline, RpcError, invalid_argument
+from rlserve.core.checkpoint_paths import (
+    checkpoint_path,
+    prepare_save_dir,
+    require_load_dir,
+    save_failed,
+)
+from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger
-from rlserve.core.training import DS_CHECKPOINT_TAG, minibatch_indices
+from rlserve.core.training import DS_CHECKPOINT_TAG, UnsafeCheckpointError, minibatch_indices
 from rlserve.core.validation import require_sequences
 from rlserve.critic.config import DEEPSPEED_DIR, CriticServiceConfig
 from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units, update_batch
@@ -105,26 +114,6 @@ def _timeout_s(deadline: Deadline) -> float | None:
 
 def _deadline_error(stage: str) -> RpcError:
     return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"caller's deadline passed during {stage}")
-
-
-def _checkpoint_path(path: str) -> str:
-    if not path:
-        raise invalid_argument("location.path", "empty; give a directory")
-    if not Path(path).is_absolute():
-        raise invalid_argument(
-            "location.path", f"{path!r} is relative; give an absolute path the workers share"
-        )
-    return path
-
-
-def _existing_checkpoint(path: str) -> str:
-    """Checked here, not in the workers: an RpcError does not survive Ray's pickling."""
-    directory = Path(_checkpoint_path(path))
-    if not (directory / DEEPSPEED_DIR / DS_CHECKPOINT_TAG).is_dir():
-        raise invalid_argument(
-            "location.path", f"no critic checkpoint at {directory} (SaveCheckpoint writes one)"
-        )
-    return path
 
 
 class CriticController:
@@ -278,8 +267,10 @@ class CriticController:
     # ---- checkpoints ----------------------------------------------------------------------
 
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
-        """(weights_version, last_applied_step) written to `path`."""
-        directory = _checkpoint_path(path)
+        """(weights_version, last_applied_step) written to `path`, a name relative to
+        checkpoint_root (a directory that cannot be written is FAILED_PRECONDITION)."""
+        directory = checkpoint_path(self.config.checkpoint_root, path)
+        prepare_save_dir(directory)
         deadline.check("SaveCheckpoint")
 
         async def work() -> tuple[int, int]:
@@ -291,18 +282,37 @@ class CriticController:
                     for step, (metrics, version) in self.steps.results().items()
                 ],
             }
-            await self.group.run_all("save_checkpoint", directory, client_state)
+            try:
+                await self.group.run_all("save_checkpoint", str(directory), client_state)
+            except OSError as error:  # disk full, permissions: the weights are untouched
+                raise save_failed(directory, error) from None
             return self.weights_version, self.last_applied_step
 
         return await self._exclusive(deadline, "SaveCheckpoint", work, atomic=True)
 
     async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
-        """(weights_version, last_applied_step) restored from `path`."""
-        directory = _existing_checkpoint(path)
+        """(weights_version, last_applied_step) restored from `path` (relative to
+        checkpoint_root). Every rank first reads its state files weights-only, changing
+        nothing: a missing, corrupt or code-carrying checkpoint is FAILED_PRECONDITION and
+        the critic keeps its weights."""
+        directory = checkpoint_path(self.config.checkpoint_root, path)
+        require_load_dir(directory, "critic checkpoint")
+        if not (directory / DEEPSPEED_DIR / DS_CHECKPOINT_TAG).is_dir():
+            raise failed_precondition(
+                f"location.path: no critic checkpoint at {directory} (SaveCheckpoint writes one)"
+            )
         deadline.check("LoadCheckpoint")
 
         async def work() -> tuple[int, int]:
-            states = await self.group.run_all("load_checkpoint", directory)
+            try:
+                await self.group.run_all("check_checkpoint", str(directory))
+            except (FileNotFoundError, UnsafeCheckpointError) as error:
+                reason = " ".join(str(error).split())[:300]
+                raise failed_precondition(
+                    f"location.path: no usable critic checkpoint at {directory}: {reason}; "
+                    "the critic keeps its current weights"
+                ) from None
+            states = await self.group.run_all("load_checkpoint", str(directory))
             state = states[0]
             self.weights_version = int(state["weights_version"])
             self.steps.restore(

@@ -31,6 +31,7 @@ from rlserve.core.ppo_math import value_loss
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.training import (
     build_training_engine,
+    check_training_checkpoint,
     full_state_dict,
     grad_norm,
     load_training_checkpoint,
@@ -213,6 +214,11 @@ class CriticWorker:
         if self.rank == 0:
             save_value_model(self.model, state_dict, root / MODEL_DIR)
         save_training_checkpoint(self.engine, root / DEEPSPEED_DIR, client_state)
+
+    def check_checkpoint(self, directory: str) -> None:
+        """Reads this rank's state files weights-only, changing nothing (raises
+        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint."""
+        check_training_checkpoint(Path(directory) / DEEPSPEED_DIR, self.rank)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer from deepspeed/; returns the saved client_state."""
