@@ -5,9 +5,15 @@ run_dir/checkpoints/step_000010/
     rollout/  critic/    written by the services' SaveCheckpoint RPCs
 A checkpoint counts only once trainer_state.json exists: it is written last, so a crash
 mid-save leaves an incomplete directory that `latest_checkpoint` skips.
+
+The services write rollout/ and critic/ themselves, confined to their checkpoint_root:
+the run config's `trainer.run_dir` (absolute), which holds every run of that config. The
+trainer deploys them with that root (`services_checkpoint_root`) and names each
+checkpoint relative to it (`service_checkpoint_name`: "<run>/checkpoints/step_.../rollout").
 """
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,31 @@ def write_trainer_state(directory: Path, state: dict[str, Any]) -> None:
 
 def read_trainer_state(directory: Path) -> dict[str, Any]:
     return json.loads((directory / STATE_FILE).read_text())
+
+
+def services_checkpoint_root(runs_dir: str | Path) -> str:
+    """The services' checkpoint_root for a run config's `trainer.run_dir`: as an absolute
+    path (made so against the trainer's working directory), symlinks kept."""
+    return os.path.abspath(runs_dir)
+
+
+def service_checkpoint_name(runs_dir: str | Path, directory: Path, role: str) -> str:
+    """`directory/role` named relative to the services' checkpoint root.
+
+    Raises:
+        ValueError: `directory` is not under `runs_dir` (a run moved elsewhere: resume it
+            with trainer.run_dir set to the directory that now holds it).
+    """
+    root = Path(services_checkpoint_root(runs_dir))
+    target = Path(os.path.abspath(directory / role))
+    try:
+        return str(target.relative_to(root))
+    except ValueError:
+        raise ValueError(
+            f"checkpoint {target} is not under trainer.run_dir {root}, the only directory "
+            "the services read and write checkpoints in; set trainer.run_dir to the "
+            "directory that holds this run"
+        ) from None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

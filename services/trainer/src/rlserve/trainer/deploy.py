@@ -21,6 +21,7 @@ from rlserve.core.placement import (
     serve_replicas,
 )
 from rlserve.core.run_config import RunConfig
+from rlserve.trainer.checkpoint import services_checkpoint_root
 
 
 class ServiceSettingsConflict(RuntimeError):
@@ -81,6 +82,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "max_batch_samples": config.rollout.max_batch_samples,
             "kept_update_results": actor.kept_update_results,
             "worker_call_timeout_s": actor.worker_call_timeout_s,
+            "checkpoint_root": services_checkpoint_root(config.trainer.run_dir),
             # Batches from GenerateSequences carry their temperature; this is the fallback.
             "temperature": config.rollout.temperature or 1.0,
             # The same model on both sides: every field reaches the service as it is.
@@ -122,6 +124,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "gradient_checkpointing": critic.gradient_checkpointing,
             "loss_agg_mode": critic.loss_agg_mode,
             "max_batch_samples": critic.max_batch_samples,
+            "checkpoint_root": services_checkpoint_root(config.trainer.run_dir),
         }
     for role, placement in worker_placements(config, apps).items():
         apps[role]["placement"] = placement

@@ -36,6 +36,7 @@ from rlserve.trainer.checkpoint import (
     checkpoint_dir,
     restore_rng,
     rng_state,
+    service_checkpoint_name,
     write_trainer_state,
 )
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
@@ -355,7 +356,7 @@ class PPOTrainer:
             self.clients.rollout.call(
                 "SaveCheckpoint",
                 rollout_pb2.RolloutServiceSaveCheckpointRequest(
-                    location={"path": str((directory / "rollout").resolve())}
+                    location={"path": self._service_checkpoint(directory, "rollout")}
                 ),
             )
         ]
@@ -364,7 +365,7 @@ class PPOTrainer:
                 self.clients.critic.call(
                     "SaveCheckpoint",
                     critic_pb2.CriticServiceSaveCheckpointRequest(
-                        location={"path": str((directory / "critic").resolve())}
+                        location={"path": self._service_checkpoint(directory, "critic")}
                     ),
                 )
             )
@@ -381,12 +382,16 @@ class PPOTrainer:
         )
         return directory
 
+    def _service_checkpoint(self, directory: Path, role: str) -> str:
+        """`directory/role` as the services name it: relative to their checkpoint root."""
+        return service_checkpoint_name(self.config.trainer.run_dir, directory, role)
+
     async def load_checkpoint(self, directory: Path, trainer_state: dict[str, Any]) -> None:
         loads = [
             self.clients.rollout.call(
                 "LoadCheckpoint",
                 rollout_pb2.RolloutServiceLoadCheckpointRequest(
-                    location={"path": str((directory / "rollout").resolve())}
+                    location={"path": self._service_checkpoint(directory, "rollout")}
                 ),
             )
         ]
@@ -395,7 +400,7 @@ class PPOTrainer:
                 self.clients.critic.call(
                     "LoadCheckpoint",
                     critic_pb2.CriticServiceLoadCheckpointRequest(
-                        location={"path": str((directory / "critic").resolve())}
+                        location={"path": self._service_checkpoint(directory, "critic")}
                     ),
                 )
             )
