@@ -1,12 +1,19 @@
 """WorkerGroup on the session's Ray cluster: rendezvous, split/pad/collect, per-rank calls."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.core.workers import WorkerGroup, distributed_address, init_process_group
+from rlserve.core.workers import (
+    WorkerGroup,
+    distributed_address,
+    init_process_group,
+    resolve_factory,
+    worker_env_vars,
+)
 
 
 class RankWorker:
@@ -35,6 +42,15 @@ class RankWorker:
 
     def echo(self, item):
         return (self.rank, item)
+
+    def process_facts(self) -> dict:
+        import os
+
+        maps = Path("/proc/self/maps").read_text()
+        return {
+            "jemalloc": "libjemalloc" in maps,
+            "auth_mode": os.environ.get("RAY_AUTH_MODE"),
+        }
 
     def fail(self):
         from rlserve.core.serving import invalid_argument
@@ -86,3 +102,24 @@ def test_worker_exceptions_arrive_unwrapped(group):
 def test_unschedulable_workers_fail_fast_naming_the_shortfall(serve_cluster):
     with pytest.raises(RuntimeError, match=r"needing 1000 CPU each were not scheduled within 2 s"):
         WorkerGroup(RankWorker, 1, {"offset": 0}, num_cpus_per_worker=1000, schedule_timeout_s=2)
+
+
+def test_worker_processes_run_with_jemalloc_and_the_job_environment(group):
+    facts = asyncio.run(group.run_all("process_facts"))
+    assert [fact["jemalloc"] for fact in facts] == [True] * 3
+    # the actor's runtime_env adds to the job's environment, it does not replace it
+    assert {fact["auth_mode"] for fact in facts} == {"disabled"}
+
+
+def test_system_allocator_on_request(monkeypatch):
+    monkeypatch.setenv("RLSERVE_WORKER_ALLOCATOR", "system")
+    assert worker_env_vars() == {}
+    monkeypatch.setenv("RLSERVE_WORKER_ALLOCATOR", "tcmalloc")
+    with pytest.raises(ValueError, match="RLSERVE_WORKER_ALLOCATOR"):
+        worker_env_vars()
+
+
+def test_import_paths_name_a_module_and_attribute():
+    assert resolve_factory("rlserve.core.workers:WorkerGroup.run_all") is WorkerGroup.run_all
+    with pytest.raises(ValueError, match=r"package\.module:name"):
+        resolve_factory("rlserve.core.workers.WorkerGroup")

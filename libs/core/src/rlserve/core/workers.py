@@ -21,12 +21,19 @@ the caller's trace context (`tracing.trace_carrier()`) and runs inside a span
 own code opens. Both go through Ray's `__ray_call__`, so worker classes need nothing
 for it; with tracing off, or in an unsampled step, a call is the plain
 `host.call.remote(method, ...)`.
+
+Allocator: worker processes run with jemalloc (the copy Ray's wheel ships, preloaded)
+unless RLSERVE_WORKER_ALLOCATOR=system. glibc's malloc keeps freed tensor memory in
+fragmented heaps: one SmolLM2-135M actor worker (generate, log-probs, update, 3 steps)
+peaked at 3.62 GiB resident with glibc and 3.01 GiB with jemalloc, no slower.
 """
 
 import importlib
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -71,6 +78,25 @@ def init_process_group(
     import deepspeed  # imported here, after DS_ACCELERATOR: only training workers need it
 
     deepspeed.init_distributed(dist_backend=distributed_backend(device), auto_mpi_discovery=False)
+
+
+logger = logging.getLogger(__name__)
+ALLOCATOR_ENV = "RLSERVE_WORKER_ALLOCATOR"
+
+
+def worker_env_vars() -> dict[str, str]:
+    """Environment for worker processes: jemalloc preloaded (see the module doc)."""
+    allocator = os.environ.get(ALLOCATOR_ENV, "jemalloc")
+    if allocator == "system":
+        return {}
+    if allocator != "jemalloc":
+        raise ValueError(f"{ALLOCATOR_ENV}: expected 'jemalloc' or 'system', got {allocator!r}")
+    library = Path(ray.__file__).parent / "core" / "libjemalloc.so"
+    if not library.is_file():
+        logger.warning("no %s; worker processes use the system allocator", library)
+        return {}
+    preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD", "")]))
+    return {"LD_PRELOAD": preload}
 
 
 WorkerFactory = type | Callable[..., Any] | str
@@ -183,6 +209,7 @@ class WorkerGroup:
         gpus = worker_gpus(device)
         host_cls = _host_class(factory)
         remote_cls = ray.remote(host_cls)
+        runtime_env = {"env_vars": worker_env_vars()}
         self.workers = []
         for rank in range(num_workers):
             options: dict[str, Any] = {"num_cpus": num_cpus_per_worker, "num_gpus": gpus}
@@ -194,6 +221,7 @@ class WorkerGroup:
                 )
             if name_prefix:
                 options["name"] = f"{name_prefix}-rank{rank}"
+            options["runtime_env"] = runtime_env
             self.workers.append(
                 remote_cls.options(**options).remote(
                     factory, rank=rank, world_size=num_workers, **worker_kwargs
