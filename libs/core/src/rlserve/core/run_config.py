@@ -1,6 +1,6 @@
 """The config of one PPO / GRPO run: `RunConfig` and its sections.
 
-Defaults are the PPO recipe measured on the embedded default (DESIGN.md): a tiny Llama
+Defaults are the PPO recipe measured on the embedded default: a tiny Llama
 (hidden 128, 4 layers) warmed up on two-number addition, then PPO with 256 prompts × 1
 sample per step, ≤ 4 new tokens, actor lr 2e-4, critic lr 1e-3, token KL penalty 0.02
 (k1) in the reward, GAE γ=1 λ=0.95, whitened advantages, clip 0.2, 2 epochs.

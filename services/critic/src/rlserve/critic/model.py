@@ -7,8 +7,10 @@ read at position P+t-1, the state just before the token is chosen (VeRL's conven
 Choices:
 - The backbone is the base model of `AutoModelForCausalLM` (its `base_model`, e.g.
   `LlamaModel`); the LM head is dropped. The value head is `nn.Linear(hidden, 1)` set to
-  zero, so every initial value is 0 and the first updates move only the head (the recipe
-  in DESIGN.md: critic = warm-up copy with a zero-initialised head).
+  zero, so every initial value is 0 and the backbone's gradients are 0 until the head
+  has moved (the first optimizer step trains the head alone). With `critic.model_path`
+  null the critic is the policy's weights plus this zero head (the embedded default's
+  recipe).
 - The export uses the layout of HF's `XForTokenClassification` with `num_labels=1`
   (`<base_model_prefix>.*` + `score.weight/bias`, classifier dropout 0), so a saved critic
   loads with `AutoModelForTokenClassification` and is also accepted back as `model_path`.
