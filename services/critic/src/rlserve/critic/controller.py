@@ -3,7 +3,9 @@
 It runs inside the Serve replica (no gRPC here: the deployment translates protobuf) and
 drives a group of CriticWorkers through any object with WorkerGroup's async interface
 (run_all / run_split / run_each): `rlserve.core.workers.WorkerGroup` in the service,
-in-process workers in unit tests.
+in-process workers in unit tests. Either raises a worker's exception as itself (the
+WorkerGroup unwraps Ray's task error), so an RpcError keeps its status and an OSError
+can be caught here.
 
 Choices:
 - One asyncio lock orders every call that touches the workers, so ComputeValues stamps
@@ -91,22 +93,6 @@ def start_worker_group(config: CriticServiceConfig) -> Any:
     )
 
 
-def _unwrap_worker_error(error: BaseException) -> BaseException:
-    """A Ray task error's original exception (an RpcError keeps its status)."""
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, Exception) else error
-
-
-async def _from_workers(work: Awaitable[T]) -> T:
-    try:
-        return await work
-    except Exception as error:
-        cause = _unwrap_worker_error(error)
-        if cause is error:
-            raise
-        raise cause from None
-
-
 def _timeout_s(deadline: Deadline) -> float | None:
     remaining = deadline.remaining_s()
     return None if remaining == float("inf") else max(0.0, remaining)
@@ -135,7 +121,7 @@ class CriticController:
     async def worker_infos(self) -> list[dict[str, Any]]:
         """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
         if self._worker_infos is None:
-            self._worker_infos = await _from_workers(self.group.run_all("info"))
+            self._worker_infos = await self.group.run_all("info")
         return self._worker_infos
 
     async def _exclusive(
@@ -153,7 +139,7 @@ class CriticController:
 
         async def locked() -> T:
             try:
-                return await _from_workers(work())
+                return await work()
             finally:
                 self._lock.release()
 
