@@ -588,6 +588,18 @@ def test_reinforce_plus_plus_by_hand():
     close(adv, [[-0.872872, -0.218218, 1.091089, 0.0]], atol=1e-5)
 
 
+def test_reinforce_plus_plus_skips_gaps_by_hand():
+    # token 1 is outside the mask (e.g. tool output): its 99 is ignored and it does not
+    # discount; VeRL's loop would zero the return there and give token 0 a return of 0
+    rewards = torch.tensor([[0.0, 99.0, 0.0, 1.0]])
+    mask = torch.tensor([[1, 0, 1, 1]])
+    adv, ret = pm.reinforce_plus_plus_advantages(rewards, mask, gamma=0.5)
+    # t=3: 1; t=2: 0 + 0.5*1 = 0.5; t=0: 0 + 0.5*0.5 = 0.25 (the next valid token is t=2)
+    close(ret, [[0.25, 0.0, 0.5, 1.0]])
+    # the same three returns as above, so the same whitened values
+    close(adv, [[-0.872872, 0.0, -0.218218, 1.091089]], atol=1e-5)
+
+
 def test_reinforce_plus_plus_matches_loop():
     for seed, kind, gen, mask in all_masks():
         rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)

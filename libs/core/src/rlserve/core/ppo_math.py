@@ -40,7 +40,9 @@ Design choices:
 - Deviations from VeRL, on purpose: by default a prompt group of size 1 gets
   advantage 0 in the group estimators (one sample carries no relative signal; VeRL
   passes its raw score through, ``singleton_groups="score"`` does the same);
-  REINFORCE++ skips mask gaps the way GAE does (VeRL restarts the return at a gap);
+  REINFORCE++ skips mask gaps the way GAE does, here and in VeRL (VeRL's REINFORCE++
+  instead zeroes its running return at every token outside the mask, so the tokens
+  before a gap get none of the rewards after it, the final score included);
   "seq-mean-token-sum-norm" averages over sequences where VeRL sums (see
   :func:`aggregate_loss`).
 """
