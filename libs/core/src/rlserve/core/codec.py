@@ -1,10 +1,13 @@
 """The one codec between torch tensors / Batches and their protobuf wire form.
 
-Tensor bytes are little-endian, C order (rlserve.v1.Tensor). Encoding costs one copy
-(protobuf needs a `bytes`). Decoding wraps the `bytes` object protobuf hands out
-with `torch.frombuffer`, so no second copy is made: upb builds a fresh `bytes` on
-every field access, which therefore belongs to the decoded tensor alone and may be
-written through it.
+Tensor bytes are little-endian, C order (rlserve.v1.Tensor). Encoding a CPU tensor
+copies its bytes three times: `tobytes` (protobuf needs a `bytes`), into the message
+(upb keeps its own copy) and, in `batch_to_proto`, into the batch's map entry
+(`CopyFrom`); a GPU or non-contiguous tensor adds the copies of `.to("cpu")` and
+`.contiguous()`. The finished message holds one copy; the others are freed as it is
+built. Decoding a parsed message costs one copy: upb builds a fresh `bytes` on every
+field access, and `torch.frombuffer` wraps it without another, so it belongs to the
+decoded tensor alone and may be written through it.
 
 Every check a hostile message could trip (unknown dtype, negative or huge dims, a byte
 count that does not match the shape, bool bytes other than 0/1) raises CodecError,
