@@ -342,7 +342,7 @@ def _suggest(key: str, names: Sequence[str]) -> str | None:
     """Closest field name to a mistyped `key`, or None when nothing is plausibly meant."""
     ratio = lambda n: difflib.SequenceMatcher(None, key.lower(), n.lower()).ratio()  # noqa: E731
     # Whole words first: 'lr_rate' means 'lr' (not the letter-wise closer 'lora_rank'),
-    # 'seed' means 'data_seed'.
+    # 'sft_steps' means 'sft_max_steps'.
     words = set(key.lower().split("_"))
     related = [n for n in names if (w := set(n.lower().split("_"))) <= words or words <= w]
     if related:
