@@ -19,8 +19,8 @@ one table:
     .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4 --algorithm grpo
     .venv/bin/python benchmarks/bench_learning.py --seeds 3 -- trainer.total_steps=30
 
-Arguments after `--` are passed to every run as config overrides. GRPO runs README's
-recipe (no critic, 8 responses per prompt, KL loss).
+Arguments after `--` are passed to every run as config overrides. GRPO runs the recipe
+of `rlserve/core/configs/embedded_grpo.yaml` (no critic, 8 responses per prompt, KL loss).
 """
 
 from __future__ import annotations
@@ -34,16 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-GRPO_RECIPE = [
-    "algorithm.adv_estimator=grpo",
-    "algorithm.kl_ctrl.kl_coef=0",
-    "trainer.prompts_per_step=64",
-    "rollout.responses_per_prompt=8",
-    "actor.lr=1e-4",
-    "actor.use_kl_loss=true",
-    "actor.kl_loss_coef=0.04",
-    "actor.ppo_mini_batch_prompts=16",
-]
+from rlserve.core.run_config import EMBEDDED_GRPO_CONFIG_PATH
+
 GAIN_POINTS = 20.0
 
 
@@ -54,9 +46,9 @@ def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dic
         "-m",
         "rlserve.trainer.cli",
         "train",
+        *(["--config", str(EMBEDDED_GRPO_CONFIG_PATH)] if algorithm == "grpo" else []),
         f"trainer.run_dir={run_root}",
         f"trainer.seed={seed}",
-        *(GRPO_RECIPE if algorithm == "grpo" else []),
         *overrides,
     ]
     print(f"[seed {seed}] {' '.join(command[3:])}", flush=True)

@@ -13,16 +13,17 @@ import pytest
 
 from rlserve.core.config import load_config
 from rlserve.core.embedded.prepare import prepare_embedded_default
-from rlserve.core.run_config import RunConfig
+from rlserve.core.run_config import EMBEDDED_GRPO_CONFIG_PATH, RunConfig
 
 pytestmark = pytest.mark.slow
 
 RLSERVE = [sys.executable, "-m", "rlserve.trainer.cli", "train"]
 
 
-def _train(tmp_path: Path, *overrides: str) -> dict:
+def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> dict:
+    options = [] if config is None else ["--config", str(config)]
     completed = subprocess.run(
-        [*RLSERVE, f"trainer.run_dir={tmp_path}", *overrides],
+        [*RLSERVE, *options, f"trainer.run_dir={tmp_path}", *overrides],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -48,18 +49,7 @@ def test_ppo_raises_held_out_accuracy_by_20_points_within_10_minutes(seed, tmp_p
 
 
 def test_grpo_without_critic_also_improves(tmp_path):
-    summary = _train(
-        tmp_path,
-        "trainer.total_steps=10",
-        "algorithm.adv_estimator=grpo",
-        "algorithm.kl_ctrl.kl_coef=0",
-        "trainer.prompts_per_step=64",
-        "rollout.responses_per_prompt=8",
-        "actor.lr=1e-4",
-        "actor.use_kl_loss=true",
-        "actor.kl_loss_coef=0.04",
-        "actor.ppo_mini_batch_prompts=16",
-    )
+    summary = _train(tmp_path, "trainer.total_steps=10", config=EMBEDDED_GRPO_CONFIG_PATH)
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05, summary
 
 

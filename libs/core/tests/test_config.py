@@ -19,30 +19,23 @@ from rlserve.core.config import (
 )
 from rlserve.core.run_config import (
     EMBEDDED_DEFAULT_CONFIG_PATH,
+    EMBEDDED_GRPO_CONFIG_PATH,
     RewardConfig,
     RunConfig,
     data_format,
 )
 
-GRPO = [
-    "algorithm.adv_estimator=grpo",
-    "algorithm.kl_ctrl.kl_coef=0",
-    "trainer.prompts_per_step=64",
-    "rollout.responses_per_prompt=8",
-    "actor.lr=1e-4",
-    "actor.use_kl_loss=true",
-    "actor.kl_loss_coef=0.04",
-    "actor.ppo_mini_batch_prompts=16",
-]
+# GRPO's recipe, the one copy README and the benchmarks use too.
+GRPO = EMBEDDED_GRPO_CONFIG_PATH
 
 
-def load(*overrides: str) -> RunConfig:
-    return load_config(RunConfig, None, overrides)
+def load(*overrides: str, path: Path | None = None) -> RunConfig:
+    return load_config(RunConfig, path, overrides)
 
 
-def error_of(*overrides: str) -> ConfigError:
+def error_of(*overrides: str, path: Path | None = None) -> ConfigError:
     with pytest.raises(ConfigError) as info:
-        load(*overrides)
+        load(*overrides, path=path)
     return info.value
 
 
@@ -78,16 +71,21 @@ def test_derived_sizes():
     c = RunConfig()
     assert c.samples_per_step == 256
     assert c.needs_critic and c.needs_reference
-    g = load(*GRPO)
+    g = load(path=GRPO)
     assert g.samples_per_step == 64 * 8
     assert g.actor_mini_batch_samples == 16 * 8
     assert not g.needs_critic
     assert g.needs_reference  # through the KL loss
 
 
-def test_grpo_recipe_from_the_example_comment_is_valid():
-    g = load_config(RunConfig, EMBEDDED_DEFAULT_CONFIG_PATH, GRPO)
-    assert g.algorithm.adv_estimator == "grpo" and g.actor.lr == 1e-4
+def test_grpo_recipe_changes_only_what_grpo_needs():
+    g = load(path=GRPO)
+    assert g.algorithm.adv_estimator == "grpo" and not g.needs_critic
+    # the KL moves from the reward into the actor loss
+    assert g.algorithm.kl_ctrl.kl_coef == 0 and g.actor.use_kl_loss
+    default = RunConfig()
+    for section in ("model", "data", "critic", "reference", "reward", "placement"):
+        assert getattr(g, section) == getattr(default, section), section
 
 
 # Issue 15's recipes on top of the GRPO one (settings only; their learning is not measured
@@ -111,7 +109,7 @@ RECIPES = {
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_catalogue_recipes_are_valid(recipe):
-    config = load_config(RunConfig, EMBEDDED_DEFAULT_CONFIG_PATH, GRPO + RECIPES[recipe])
+    config = load(*RECIPES[recipe], path=GRPO)
     assert not config.needs_critic
 
 
@@ -183,6 +181,11 @@ def test_unknown_key_suggests_the_field():
     err = error_of("actor.lr_rate=1e-3")
     assert err.paths == ("actor.lr_rate",)
     assert "unknown field" in str(err) and "did you mean 'actor.lr'?" in str(err)
+
+
+def test_unknown_key_suggests_the_renamed_field():
+    err = error_of("model.tiny.sft_steps=100")
+    assert "did you mean 'model.tiny.sft_max_steps'?" in str(err)
 
 
 def test_unknown_key_suggests_the_same_name_in_another_section():
@@ -262,11 +265,11 @@ def test_loss_knobs_that_would_do_nothing_are_errors():
     )
     # GRPO's std division has its own switch; the old spelling fails instead of silently
     # changing meaning
-    err = error_of(*GRPO, "algorithm.whiten_advantages=false")
+    err = error_of("algorithm.whiten_advantages=false", path=GRPO)
     assert err.paths == ("algorithm.whiten_advantages",)
     assert "norm_adv_by_std_in_grpo=false" in str(err)
     assert not load(
-        *GRPO, "algorithm.norm_adv_by_std_in_grpo=false"
+        "algorithm.norm_adv_by_std_in_grpo=false", path=GRPO
     ).algorithm.norm_adv_by_std_in_grpo
 
 
@@ -325,7 +328,7 @@ def test_mini_batch_must_divide_prompts_per_step():
 def test_critic_mini_batch_checked_only_when_gae_uses_it():
     err = error_of("critic.ppo_mini_batch_prompts=100")
     assert err.paths == ("critic.ppo_mini_batch_prompts",)
-    c = load(*GRPO, "critic.ppo_mini_batch_prompts=100")
+    c = load("critic.ppo_mini_batch_prompts=100", path=GRPO)
     assert not c.needs_critic
 
 
@@ -354,7 +357,7 @@ def test_group_estimators_need_several_responses():
 
 
 def test_greedy_group_sampling_is_rejected():
-    err = error_of(*GRPO, "rollout.temperature=0")
+    err = error_of("rollout.temperature=0", path=GRPO)
     assert err.paths == ("rollout.temperature",)
     assert load("rollout.temperature=0").rollout.temperature == 0  # fine for PPO
 
@@ -390,12 +393,12 @@ def test_section_validates_on_its_own():
 
 def test_dump_load_round_trip(tmp_path):
     config = load(
-        *GRPO,
         "actor.lr=1e-5",
         "data.eval_path=e.jsonl",
         "actor.clip_ratio_dual=3",
         "actor.grad_clip=.inf",
         "data.prompt_key='1e-3'",
+        path=GRPO,
     )
     path = write(tmp_path, dump_config(config))
     assert load_config(RunConfig, path) == config

@@ -4,7 +4,8 @@ Defaults are the PPO recipe measured on the embedded default: a tiny Llama
 (hidden 128, 4 layers) warmed up on two-number addition, then PPO with 256 prompts × 1
 sample per step, ≤ 4 new tokens, actor lr 2e-4, critic lr 1e-3, token KL penalty 0.02
 (k1) in the reward, GAE γ=1 λ=0.95, whitened advantages, clip 0.2, 2 epochs.
-`configs/embedded_default.yaml` spells the same values out and shows GRPO's recipe.
+`configs/embedded_default.yaml` spells the same values out; `configs/embedded_grpo.yaml`
+is GRPO's recipe on top of them.
 
 Units are in the names: `*_prompts` counts prompts, `*_samples` counts samples (one
 sample = one prompt + one response; a step has `prompts_per_step × responses_per_prompt`
@@ -40,6 +41,7 @@ from rlserve.core.vllm_config import VllmConfig
 
 __all__ = [
     "EMBEDDED_DEFAULT_CONFIG_PATH",
+    "EMBEDDED_GRPO_CONFIG_PATH",
     "GROUP_ESTIMATORS",
     "ActorConfig",
     "AdvEstimator",
@@ -70,6 +72,10 @@ __all__ = [
 
 EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_default.yaml"
 """The example config: the embedded default run with every setting written out."""
+
+EMBEDDED_GRPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_grpo.yaml"
+"""GRPO's recipe for the embedded default: the settings it changes, and why (the one
+copy: README, tests and benchmarks load this file)."""
 
 # The choices of the algorithm fields are the PPO math registries' names (one list, in
 # rlserve.core.ppo_math), so the config accepts exactly what is implemented and an
