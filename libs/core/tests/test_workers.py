@@ -1,6 +1,7 @@
 """WorkerGroup on the session's Ray cluster: rendezvous, split/pad/collect, per-rank calls."""
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.workers import (
     WorkerGroup,
+    _host_class,
     distributed_address,
     init_process_group,
     resolve_factory,
@@ -123,3 +125,38 @@ def test_import_paths_name_a_module_and_attribute():
     assert resolve_factory("rlserve.core.workers:WorkerGroup.run_all") is WorkerGroup.run_all
     with pytest.raises(ValueError, match=r"package\.module:name"):
         resolve_factory("rlserve.core.workers.WorkerGroup")
+
+
+class RankOneFails(RankWorker):
+    def __init__(self, rank: int, world_size: int, offset: int):
+        if rank == 1:
+            raise RuntimeError("rank 1 cannot load its model")
+        super().__init__(rank, world_size, offset)
+
+
+def test_a_worker_that_fails_to_build_fails_the_group_and_frees_the_others(serve_cluster):
+    """Rank 0 would otherwise wait in the rendezvous for rank 1 and keep its resources."""
+    import ray
+
+    with pytest.raises(Exception, match="rank 1 cannot load its model"):
+        WorkerGroup(RankOneFails, 2, {"offset": 0}, num_cpus_per_worker=0.5, name_prefix="fails")
+    for _ in range(100):  # ray.kill takes effect asynchronously
+        try:
+            ray.get_actor("fails-rank0")
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise AssertionError("rank 0 of the failed group is still alive")
+
+
+def test_hosts_are_named_after_their_workers():
+    class Outer:
+        class Inner:
+            pass
+
+    assert _host_class(Outer.Inner).__name__ == "Inner"
+    assert _host_class("rlserve.rollout.worker:ActorWorker.from_service_config").__name__ == (
+        "ActorWorker"
+    )
+    with pytest.raises(ValueError, match=r"package\.module:name"):
+        _host_class("rlserve.rollout.worker.ActorWorker")

@@ -332,6 +332,7 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_leave_the_service_serving(
     """Issue 12 defects 2-4: SaveCheckpoint wrote to any absolute path; a bad path or
     checkpoint was INTERNAL and left the rollout refusing all work; LoadCheckpoint
     unpickled a crafted state file."""
+    checkpoints_under(service, tmp_path / "root")  # not whatever an earlier test left
     outside = tmp_path / "outside"
     for name in (str(outside), "/proc/self/x", "../outside", "a\x00b", ""):
         error = rpc_error(lambda n=name: service.save_checkpoint(n))
@@ -352,7 +353,10 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_leave_the_service_serving(
         error = rpc_error(lambda n=name: service.load_checkpoint(n))
         assert error.code == grpc.StatusCode.FAILED_PRECONDITION, error.message
 
-    version, step = service.save_checkpoint("good")
+    saved = service.save_checkpoint("good")
+    # one update after the save, so a refused load that changed anything would show
+    assert not service.update_actor(saved[1] + 1, saved[0], service.update_batch()).replayed
+    version, step = service.controller.weights_version, service.controller.last_applied_step
     weights = service.worker.policy_weights()
     state_dir = root / "good" / "deepspeed" / "state"
     model_states = state_dir / "mp_rank_00_model_states.pt"
@@ -378,7 +382,7 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_leave_the_service_serving(
     batch = service.update_batch()
     assert not service.update_actor(step + 1, version, batch).replayed
     model_states.write_bytes(original)
-    assert service.load_checkpoint("good") == (version, step)
+    assert service.load_checkpoint("good") == saved
 
 
 def test_update_plan_is_the_same_whatever_the_worker_count():

@@ -306,14 +306,14 @@ class ActorConfig(ConfigModel):
     )
     """How a micro-batch's token losses (policy, entropy and KL loss) become one number;
     micro-batches and workers are then averaged, so 'token-sum' is the micro-batch's sum."""
-    clip_cov_fraction: float = Field(2e-4, ge=0, le=1)
+    clip_cov_fraction: float = Field(2e-4, gt=0, le=1)
     """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped
     (picked at random among those in the covariance band); policy_loss 'clip_cov' only."""
     clip_cov_low: float = 1.0
     """Clip-Cov: lower bound of the advantage-logprob covariance band (exclusive)."""
     clip_cov_high: float = 5.0
     """Clip-Cov: upper bound of the covariance band (exclusive); must exceed clip_cov_low."""
-    kl_cov_fraction: float = Field(2e-3, ge=0, le=1)
+    kl_cov_fraction: float = Field(2e-3, gt=0, le=1)
     """KL-Cov: fraction of a micro-batch's response tokens, those of largest
     advantage-logprob covariance, that pay kl_cov_coef·|log ratio|; policy_loss 'kl_cov'
     only (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""

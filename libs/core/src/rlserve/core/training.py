@@ -14,7 +14,7 @@ written by rank 0 from a gathered state dict, ZeRO-3 included).
 Loading never unpickles code. DeepSpeed's own loader is `torch.load(weights_only=False)`:
 a crafted `*.pt` file under a checkpoint ran a caller's code in the workers. Here every
 file DeepSpeed reads goes through `torch.load(weights_only=True)` (tensors, containers,
-numbers, strings, plus the three plain DeepSpeed classes its optimizer states hold:
+numbers, strings, plus the four plain DeepSpeed classes its optimizer states hold:
 SAFE_DEEPSPEED_GLOBALS), first in `check_training_checkpoint` — every rank reads its
 files before any rank changes a weight, so a refused or corrupt file leaves the service
 as it was — and again in the load itself.

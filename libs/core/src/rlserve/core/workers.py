@@ -131,11 +131,26 @@ class WorkerHost:
 
 
 def _host_class(factory: WorkerFactory) -> type:
+    """WorkerHost named after the worker; a malformed import path fails here, in the
+    controller, rather than inside every actor."""
     if isinstance(factory, str):
-        name = factory.partition(":")[2].split(".")[0]
+        module_name, _, attributes = factory.partition(":")
+        if not module_name or not attributes:
+            raise ValueError(f"worker factory: expected 'package.module:name', got {factory!r}")
+        name = attributes.split(".")[0]
     else:
-        name = factory.__qualname__.split(".")[0]
+        name = factory.__name__
     return type(name, (WorkerHost,), {"__module__": __name__})
+
+
+def _get_fail_fast(refs: list[Any]) -> list[Any]:
+    """ray.get of every ref, raising the first failure as soon as it happens: one rank
+    that died must not leave the caller waiting on the others' rendezvous."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return ray.get(refs)
 
 
 def _setup_worker_tracing(worker: Any, setup: tracing.TracingSetup, rank: int) -> None:
@@ -228,19 +243,29 @@ class WorkerGroup:
                 )
             )
         try:
+            self._start(schedule_timeout_s, host_cls.__name__, num_cpus_per_worker)
+        except BaseException:
+            # a worker that failed to build or join must not leave the others holding
+            # their CPUs/GPUs (or waiting in the rendezvous)
+            self.shutdown()
+            raise
+
+    def _start(self, schedule_timeout_s: float, kind: str, num_cpus_per_worker: float) -> None:
+        try:
             address, port = ray.get(
                 self.workers[0].call.remote("node_address"), timeout=schedule_timeout_s
             )
         except ray.exceptions.GetTimeoutError:
-            self.shutdown()
             raise RuntimeError(
-                f"{num_workers} {host_cls.__name__} workers needing {num_cpus_per_worker} "
+                f"{len(self.workers)} {kind} workers needing {num_cpus_per_worker} "
                 f"CPU each were not scheduled within {schedule_timeout_s:.0f} s; the cluster "
                 f"has {ray.available_resources().get('CPU', 0):g} CPUs free of "
                 f"{ray.cluster_resources().get('CPU', 0):g}: lower num_cpus_per_worker or "
                 "workers, or add nodes"
             ) from None
-        ray.get([worker.call.remote("init_distributed", address, port) for worker in self.workers])
+        _get_fail_fast(
+            [worker.call.remote("init_distributed", address, port) for worker in self.workers]
+        )
         self._tracing = tracing.current_setup()
         if self._tracing is not None:
             ray.get(

@@ -99,13 +99,13 @@ class RolloutServiceConfig(ConfigModel):
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses of a micro-batch become one number (rlserve.core.ppo_math
     .aggregate_loss)."""
-    clip_cov_fraction: float = Field(2e-4, ge=0, le=1)
+    clip_cov_fraction: float = Field(2e-4, gt=0, le=1)
     """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped."""
     clip_cov_low: float = 1.0
     """Clip-Cov: lower bound of the covariance band (exclusive)."""
     clip_cov_high: float = 5.0
     """Clip-Cov: upper bound of the covariance band (exclusive)."""
-    kl_cov_fraction: float = Field(2e-3, ge=0, le=1)
+    kl_cov_fraction: float = Field(2e-3, gt=0, le=1)
     """KL-Cov: fraction of a micro-batch's response tokens that pay the |log ratio| penalty."""
     kl_cov_coef: float = Field(1.0, ge=0)
     """KL-Cov: weight of the |log ratio| penalty."""
