@@ -100,5 +100,14 @@ def save_failed(directory: Path, error: BaseException) -> RpcError:
     return _unusable(directory, f"writing failed: {reason}"[:300])
 
 
+def load_refused(directory: Path, what: str, error: BaseException) -> RpcError:
+    """FAILED_PRECONDITION for a checkpoint the pre-load check refused (missing, corrupt or
+    code-carrying file): nothing was loaded, so the service keeps its weights."""
+    reason = " ".join(str(error).split())[:300]
+    return failed_precondition(
+        f"{FIELD}: no usable {what} at {directory}: {reason}; the service keeps its current weights"
+    )
+
+
 def _unusable(directory: Path, reason: str) -> RpcError:
     return failed_precondition(f"{FIELD}: cannot save a checkpoint at {directory}: {reason}")

@@ -40,6 +40,7 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.checkpoint_paths import (
     checkpoint_path,
+    load_refused,
     prepare_save_dir,
     require_load_dir,
     save_failed,
@@ -293,11 +294,7 @@ class CriticController:
             try:
                 await self.group.run_all("check_checkpoint", str(directory))
             except (FileNotFoundError, UnsafeCheckpointError) as error:
-                reason = " ".join(str(error).split())[:300]
-                raise failed_precondition(
-                    f"location.path: no usable critic checkpoint at {directory}: {reason}; "
-                    "the critic keeps its current weights"
-                ) from None
+                raise load_refused(directory, "critic checkpoint", error) from None
             states = await self.group.run_all("load_checkpoint", str(directory))
             state = states[0]
             self.weights_version = int(state["weights_version"])

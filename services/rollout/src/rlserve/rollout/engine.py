@@ -56,6 +56,7 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.checkpoint_paths import (
     checkpoint_path,
+    load_refused,
     prepare_save_dir,
     require_load_dir,
     save_failed,
@@ -396,11 +397,7 @@ class RolloutController:
                     self.workers.run_all("check_checkpoint", path), NO_DEADLINE, "LoadCheckpoint"
                 )
             except (FileNotFoundError, UnsafeCheckpointError) as error:
-                reason = " ".join(str(error).split())[:300]
-                raise failed_precondition(
-                    f"location.path: no usable rollout checkpoint at {path}: {reason}; "
-                    "the service keeps its current weights"
-                ) from None
+                raise load_refused(directory, "rollout checkpoint", error) from None
             try:
                 states = await self._call(
                     self.workers.run_all("load_checkpoint", str(directory)),
