@@ -154,6 +154,12 @@ def test_reward_model_kind_settings_reach_the_service():
     assert (reward.kinds.model.dtype, reward.kinds.model.micro_batch_samples) == ("bfloat16", 4)
 
 
+def test_reward_rule_limits_reach_the_service():
+    config = _config(reward={"rule_max_text_chars": 1000, "rule_time_budget_s": 2.5})
+    reward = validate_config(RewardServiceConfig, service_args(config, "/m")["reward"])
+    assert (reward.kinds.rule.max_text_chars, reward.kinds.rule.time_budget_s) == (1000, 2.5)
+
+
 def test_a_step_larger_than_a_service_request_limit_is_a_config_error():
     with pytest.raises(Exception, match=r"critic\.max_batch_samples: 100 is below the 256"):
         validate_config(RunConfig, {"critic": {"max_batch_samples": 100}})

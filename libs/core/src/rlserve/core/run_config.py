@@ -576,6 +576,11 @@ class RewardConfig(ConfigModel):
     """'rule': a registered Python function; 'model': a reward model; 'http': an external API."""
     rule_name: str | None = "arithmetic_exact_match"
     """Registered rule function; required when kind is 'rule'."""
+    rule_max_text_chars: int = Field(65_536, ge=1)
+    """Longest response_text / ground_truth, in characters, the rule reads; longer is
+    INVALID_ARGUMENT. Used when kind is 'rule'."""
+    rule_time_budget_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    """Most seconds one ComputeReward call may spend in the rule. Used when kind is 'rule'."""
     model_path: str | None = None
     """Local reward-model directory; required when kind is 'model'."""
     http: HttpRewardConfig = Field(default_factory=HttpRewardConfig)

@@ -192,7 +192,13 @@ def critic_model_path(config: RunConfig, model_dir: str) -> str:
 def reward_args(config: RunConfig) -> dict[str, Any]:
     reward = config.reward
     if reward.kind == "rule":
-        kinds: dict[str, Any] = {"rule": {"rule_name": reward.rule_name}}
+        kinds: dict[str, Any] = {
+            "rule": {
+                "rule_name": reward.rule_name,
+                "max_text_chars": reward.rule_max_text_chars,
+                "time_budget_s": reward.rule_time_budget_s,
+            }
+        }
     elif reward.kind == "model":
         kinds = {
             "model": {
