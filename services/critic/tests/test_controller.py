@@ -280,6 +280,8 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
 
     run(controller.update_critic(0, make_batch(4)))
     assert run(controller.save_checkpoint("good")) == (1, 0)
+    # Trained past the checkpoint, so a load that went through would change the values.
+    run(controller.update_critic(1, make_batch(4, seed=5)))
     batch = make_batch(4, seed=3)
     values = values_of(controller, batch)[0]
     model_states = root / "good" / "deepspeed" / "state" / "mp_rank_00_model_states.pt"
@@ -291,4 +293,55 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
     assert "keeps its current weights" in error.value.message
     assert not marker.exists()
     assert torch.equal(values_of(controller, batch)[0], values)
-    assert run(controller.update_critic(1, make_batch(4)))[1:] == (2, False)
+    assert run(controller.update_critic(2, make_batch(4)))[1:] == (3, False)
+
+
+def test_an_update_that_fails_part_way_leaves_the_critic_refusing_until_a_load(
+    critic_model_dir, in_process_group, make_batch, tmp_path
+):
+    """A rank that fails mid-update may leave the ranks' weights apart: the critic says
+    so (FAILED_PRECONDITION, and its health check fails so Serve replaces it) instead of
+    serving unknown weights; a LoadCheckpoint makes it usable again."""
+    from rlserve.core.cluster import free_port
+
+    class FailingAfterTheUpdate(in_process_group):
+        fail_updates = False
+
+        async def run_each(self, method, per_rank, **kwargs):
+            results = await super().run_each(method, per_rank, **kwargs)
+            if method == "update_critic" and self.fail_updates:
+                raise RuntimeError("rank 1 lost")  # after rank 0 stepped its optimizer
+            return results
+
+    config = CriticServiceConfig(
+        model_path=str(critic_model_dir),
+        ppo_mini_batch_samples=4,
+        micro_batch_samples=2,
+        checkpoint_root=str(tmp_path),
+    )
+    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
+    worker.init_distributed("127.0.0.1", free_port())
+    group = FailingAfterTheUpdate([worker])
+    controller = CriticController(config, group)
+    run(controller.update_critic(0, make_batch(4)))
+    run(controller.save_checkpoint("step0"))
+    assert controller.health_problems() == []
+
+    group.fail_updates = True
+    with pytest.raises(RuntimeError, match="rank 1 lost"):
+        run(controller.update_critic(1, make_batch(4, seed=2)))
+    group.fail_updates = False
+    assert "UpdateCritic step 1 failed part-way" in controller.health_problems()[0]
+    for call in (
+        lambda: controller.compute_values(make_batch(4).select(SEQUENCE_KEYS)),
+        lambda: controller.update_critic(1, make_batch(4, seed=2)),
+        lambda: controller.save_checkpoint("after"),
+    ):
+        with pytest.raises(RpcError) as error:
+            run(call())
+        assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "call LoadCheckpoint" in error.value.message
+
+    assert run(controller.load_checkpoint("step0")) == (1, 0)
+    assert controller.health_problems() == []
+    assert run(controller.update_critic(1, make_batch(4, seed=2)))[1:] == (2, False)

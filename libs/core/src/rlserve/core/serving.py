@@ -15,6 +15,11 @@ caller's deadline.
   clients also send it as metadata (`DEADLINE_METADATA_KEY`, absolute Unix time in
   seconds); `Deadline.check(stage)` raises DEADLINE_EXCEEDED between units of work once
   it has passed.
+- Health: a deployment with workers passes HEALTH_CHECK_OPTIONS to @serve.deployment
+  and defines `check_health` with `raise_if_unhealthy(problems)`: Serve replaces a
+  replica whose check fails three times in a row (≈ 3 × HEALTH_CHECK_PERIOD_S), so a
+  replica whose worker died is gone within seconds, not left answering INTERNAL. GetInfo
+  answers UNAVAILABLE for such a replica meanwhile.
 - Tracing: `rpc_method` opens the server span `rpc.server/<Service>/<Rpc>`, continuing
   the caller's trace from the incoming metadata (Serve passes it through); the work
   spans a service opens inside become its children. A failed call's span carries the
@@ -71,6 +76,30 @@ def failed_precondition(message: str) -> RpcError:
 
 def resource_exhausted(field: str, problem: str) -> RpcError:
     return RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{field}: {problem}")
+
+
+def unavailable(message: str) -> RpcError:
+    return RpcError(grpc.StatusCode.UNAVAILABLE, message)
+
+
+HEALTH_CHECK_PERIOD_S = 2.0
+# Generous: the check itself never waits, but a replica's event loop can be busy for a
+# while decoding or encoding a large batch.
+HEALTH_CHECK_TIMEOUT_S = 30.0
+HEALTH_CHECK_OPTIONS = {
+    "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+    "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
+}
+
+
+def raise_if_unhealthy(role: str, problems: list[str]) -> None:
+    """UNAVAILABLE naming each problem (a dead worker, unusable state); Serve's health
+    check treats it as a failure and replaces the replica."""
+    if problems:
+        raise unavailable(
+            f"{role} replica is unhealthy ({'; '.join(problems)}); Serve replaces it within "
+            f"about {3 * HEALTH_CHECK_PERIOD_S:.0f} s, with freshly loaded weights"
+        )
 
 
 @dataclass(frozen=True)

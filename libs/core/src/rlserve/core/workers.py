@@ -22,6 +22,11 @@ own code opens. Both go through Ray's `__ray_call__`, so worker classes need not
 for it; with tracing off, or in an unsampled step, a call is the plain
 `host.call.remote(method, ...)`.
 
+Health: `dead_workers()` is the Serve health check's view of the group. Each worker has
+one trivial ping outstanding at a time; a ping queued behind a long update simply waits
+(a busy worker is alive), while the ping of a worker whose process died resolves at once
+with Ray's actor-died error, which is what the check reports. Nothing blocks.
+
 Allocator: worker processes run with jemalloc (the copy Ray's wheel ships, preloaded)
 unless RLSERVE_WORKER_ALLOCATOR=system. glibc's malloc keeps freed tensor memory in
 fragmented heaps: one SmolLM2-135M actor worker (generate, log-probs, update, 3 steps)
@@ -169,6 +174,10 @@ def _setup_worker_tracing(worker: Any, setup: tracing.TracingSetup, rank: int) -
     )
 
 
+def _ping(host: WorkerHost) -> None:
+    """Runs in a worker actor (via __ray_call__): proves the process is alive."""
+
+
 def _traced_call(
     host: WorkerHost, method: str, carrier: dict[str, str], args: tuple, kwargs: dict[str, Any]
 ) -> Any:
@@ -226,6 +235,7 @@ class WorkerGroup:
         remote_cls = ray.remote(host_cls)
         runtime_env = {"env_vars": worker_env_vars()}
         self.workers = []
+        self._pings: list[Any] = []
         for rank in range(num_workers):
             options: dict[str, Any] = {"num_cpus": num_cpus_per_worker, "num_gpus": gpus}
             if group is not None:
@@ -310,6 +320,27 @@ class WorkerGroup:
     def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Blocking call of `method` on rank 0 (set-up queries, e.g. the model's limits)."""
         return ray.get(self._call(self.workers[0], method, args, kwargs))
+
+    def dead_workers(self) -> list[str]:
+        """One line per worker whose process has died (empty when all are alive).
+
+        Never waits: a worker's pending ping means it is busy, not dead. A dead worker's
+        ping is kept, so every later check reports it too.
+        """
+        if not self._pings:
+            self._pings = [worker.__ray_call__.remote(_ping) for worker in self.workers]
+        dead = []
+        for rank, ping in enumerate(self._pings):
+            ready, _ = ray.wait([ping], timeout=0, fetch_local=False)
+            if not ready:
+                continue
+            try:
+                ray.get(ping)
+            except ray.exceptions.RayActorError as error:
+                dead.append(f"rank {rank} worker died: {str(error).splitlines()[0][:200]}")
+                continue
+            self._pings[rank] = self.workers[rank].__ray_call__.remote(_ping)
+        return dead
 
     def shutdown(self) -> None:
         for worker in self.workers:

@@ -114,10 +114,27 @@ class CriticController:
         self.steps: StepLedger[tuple[dict[str, float], int]] = StepLedger(REPLAY_HISTORY_STEPS)
         self._lock = asyncio.Lock()
         self._worker_infos: list[dict[str, Any]] | None = None
+        self._broken: str | None = None
+        """Why the weights may differ between ranks or from weights_version (an update or
+        load that failed part-way); None while they are known."""
 
     @property
     def last_applied_step(self) -> int:
         return self.steps.last_applied_step
+
+    def health_problems(self) -> list[str]:
+        """Why this service cannot serve: dead workers, weights left inconsistent."""
+        problems = self.group.dead_workers()
+        if self._broken is not None:
+            problems.append(f"weights may be inconsistent: {self._broken}")
+        return problems
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise failed_precondition(
+                f"the critic's weights may be inconsistent: {self._broken}; call "
+                "LoadCheckpoint to restore a known state"
+            )
 
     async def worker_infos(self) -> list[dict[str, Any]]:
         """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
@@ -167,6 +184,7 @@ class CriticController:
         clean = require_sequences(batch, vocab_size, self.config.max_batch_samples)
 
         async def work() -> tuple[Batch, dict[str, float]]:
+            self._check_usable()
             start = time.perf_counter()
             values = await self.group.run_split("compute_values", clean)
             metrics = {
@@ -194,10 +212,16 @@ class CriticController:
             if stored is not None:
                 metrics, version = stored
                 return metrics, version, True
+            self._check_usable()
             clean = update_batch(
                 batch, vocab_size, self.config.max_batch_samples, self.config.ppo_mini_batch_samples
             )
-            metrics = await self._train(step, clean)
+            try:
+                metrics = await self._train(step, clean)
+            except Exception as error:
+                # Some ranks may have stepped their optimizer and others not.
+                self._broken = f"UpdateCritic step {step} failed part-way ({error!r:.200})"
+                raise
             self.weights_version += 1
             self.steps.record(step, (metrics, self.weights_version))
             return metrics, self.weights_version, False
@@ -261,6 +285,7 @@ class CriticController:
         deadline.check("SaveCheckpoint")
 
         async def work() -> tuple[int, int]:
+            self._check_usable()
             client_state = {
                 "weights_version": self.weights_version,
                 "last_applied_step": self.last_applied_step,
@@ -295,16 +320,21 @@ class CriticController:
                 await self.group.run_all("check_checkpoint", str(directory))
             except (FileNotFoundError, UnsafeCheckpointError) as error:
                 raise load_refused(directory, "critic checkpoint", error) from None
-            states = await self.group.run_all("load_checkpoint", str(directory))
-            state = states[0]
-            self.weights_version = int(state["weights_version"])
-            self.steps.restore(
-                int(state["last_applied_step"]),
-                [
+            try:
+                states = await self.group.run_all("load_checkpoint", str(directory))
+                state = states[0]
+                weights_version = int(state["weights_version"])
+                last_applied_step = int(state["last_applied_step"])
+                applied = [
                     (int(step), (dict(metrics), int(version)))
                     for step, metrics, version in state["applied"]
-                ],
-            )
+                ]
+                self.steps.restore(last_applied_step, applied)
+            except Exception as error:
+                self._broken = f"LoadCheckpoint of {path!r} failed part-way ({error!r:.200})"
+                raise
+            self.weights_version = weights_version
+            self._broken = None
             return self.weights_version, self.last_applied_step
 
         return await self._exclusive(deadline, "LoadCheckpoint", work, atomic=True)

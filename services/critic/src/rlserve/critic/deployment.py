@@ -16,7 +16,13 @@ from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
 from rlserve.core.config import settings_json
-from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
+from rlserve.core.serving import (
+    HEALTH_CHECK_OPTIONS,
+    Deadline,
+    raise_if_unhealthy,
+    rpc_method,
+    setup_replica_tracing,
+)
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import CriticController, start_worker_group
 from rlserve.v1 import common_pb2, critic_pb2
@@ -26,7 +32,7 @@ def _deadline(grpc_context) -> Deadline:
     return Deadline.from_metadata(grpc_context.invocation_metadata())
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
 class CriticDeployment:
     """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint."""
 
@@ -34,6 +40,10 @@ class CriticDeployment:
         setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = CriticController(config, start_worker_group(config))
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails while a worker is dead or the state is unusable."""
+        raise_if_unhealthy("critic", self.controller.health_problems())
 
     @rpc_method(critic_pb2.ComputeValuesResponse)
     async def ComputeValues(self, request, grpc_context):
@@ -55,6 +65,7 @@ class CriticDeployment:
 
     @rpc_method(critic_pb2.CriticServiceGetInfoResponse)
     async def GetInfo(self, request, grpc_context):
+        raise_if_unhealthy("critic", self.controller.health_problems())
         workers = await self.controller.worker_infos()
         info = common_pb2.ServiceInfo(
             role="critic",

@@ -87,6 +87,9 @@ class ReferenceController:
         self.group = group
         self._worker_infos: list[dict[str, Any]] | None = None
 
+    def health_problems(self) -> list[str]:
+        return self.group.dead_workers()
+
     async def worker_infos(self) -> list[dict[str, Any]]:
         """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
         if self._worker_infos is None:

@@ -13,13 +13,19 @@ from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
 from rlserve.core.config import settings_json
-from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
+from rlserve.core.serving import (
+    HEALTH_CHECK_OPTIONS,
+    Deadline,
+    raise_if_unhealthy,
+    rpc_method,
+    setup_replica_tracing,
+)
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.controller import ReferenceController, start_worker_group
 from rlserve.v1 import common_pb2, reference_pb2
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
 class ReferenceDeployment:
     """ReferenceService: ComputeRefLogProb, GetInfo."""
 
@@ -27,6 +33,10 @@ class ReferenceDeployment:
         setup_replica_tracing("reference", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = ReferenceController(config, start_worker_group(config))
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails while a worker is dead or the state is unusable."""
+        raise_if_unhealthy("reference", self.controller.health_problems())
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
     async def ComputeRefLogProb(self, request, grpc_context):
@@ -39,6 +49,7 @@ class ReferenceDeployment:
 
     @rpc_method(reference_pb2.ReferenceServiceGetInfoResponse)
     async def GetInfo(self, request, grpc_context):
+        raise_if_unhealthy("reference", self.controller.health_problems())
         workers = await self.controller.worker_infos()
         info = common_pb2.ServiceInfo(
             role="reference",

@@ -19,7 +19,13 @@ from ray import serve
 
 from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
 from rlserve.core.config import settings_json
-from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
+from rlserve.core.serving import (
+    HEALTH_CHECK_OPTIONS,
+    Deadline,
+    raise_if_unhealthy,
+    rpc_method,
+    setup_replica_tracing,
+)
 from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.engine import RolloutController, controller_settings
@@ -43,7 +49,7 @@ def sampling_from_proto(params: rollout_pb2.SamplingParams, return_log_probs: bo
     )
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
 class RolloutDeployment:
     """The actor service: generation, log-probs and PPO updates over DP ActorWorkers."""
 
@@ -60,6 +66,10 @@ class RolloutDeployment:
         )
         limits = workers.call_rank0("model_limits")
         self.controller = RolloutController(workers, controller_settings(config, **limits))
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails while a worker is dead or the state is unusable."""
+        raise_if_unhealthy("rollout", self.controller.health_problems())
 
     @rpc_method(rollout_pb2.GenerateSequencesResponse)
     async def GenerateSequences(self, request, grpc_context):
@@ -120,6 +130,7 @@ class RolloutDeployment:
             if isinstance(request, reference_pb2.ReferenceServiceGetInfoRequest)
             else rollout_pb2.RolloutServiceGetInfoResponse
         )
+        raise_if_unhealthy("rollout", self.controller.health_problems())
         info = await self.controller.info()
         return response_cls(
             info=common_pb2.ServiceInfo(

@@ -95,6 +95,8 @@ class Workers(Protocol):
 
     async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list: ...
 
+    def dead_workers(self) -> list[str]: ...
+
 
 class LocalWorkers:
     """WorkerGroup's interface over in-process workers (already initialised)."""
@@ -107,6 +109,9 @@ class LocalWorkers:
 
     async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return [getattr(worker, method)(*args, **kwargs) for worker in self.workers]
+
+    def dead_workers(self) -> list[str]:
+        return []  # in this process: alive while the caller is
 
     async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
         chunks, pad_count = batch.split(len(self.workers))
@@ -175,6 +180,13 @@ class RolloutController:
     @property
     def last_applied_step(self) -> int:
         return self.steps.last_applied_step
+
+    def health_problems(self) -> list[str]:
+        """Why this service cannot serve: dead workers, weights left inconsistent."""
+        problems = self.workers.dead_workers()
+        if self._broken is not None:
+            problems.append(f"weights may be inconsistent: {self._broken}")
+        return problems
 
     # ---- RPC logic ----------------------------------------------------------------------
 
@@ -404,6 +416,7 @@ class RolloutController:
                     NO_DEADLINE,
                     "LoadCheckpoint",
                 )
+                self._restore(states[0])
             except FileNotFoundError as error:  # nothing was loaded: the state is intact
                 raise failed_precondition(
                     f"location.path: no rollout checkpoint under {path!r} ({error})"
@@ -411,7 +424,6 @@ class RolloutController:
             except BaseException as error:
                 self._broken = f"LoadCheckpoint of {path!r} failed part-way ({error!r:.200})"
                 raise
-            self._restore(states[0])
             self._broken = None
             return self.weights_version, self.last_applied_step
 
@@ -493,14 +505,16 @@ class RolloutController:
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.weights_version = int(state["weights_version"])
-        self.steps.restore(
-            int(state["last_applied_step"]),
-            [
-                (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fingerprint)))
-                for step, version, metrics, fingerprint in state["updates"]
-            ],
-        )
+        """Versions and ledger from a checkpoint's client state; all parsed before any is
+        assigned, so a malformed state changes nothing here."""
+        weights_version = int(state["weights_version"])
+        last_applied_step = int(state["last_applied_step"])
+        updates = [
+            (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fingerprint)))
+            for step, version, metrics, fingerprint in state["updates"]
+        ]
+        self.steps.restore(last_applied_step, updates)
+        self.weights_version = weights_version
 
 
 def update_row_plan(
