@@ -17,6 +17,7 @@ import yaml
 
 from integration_tests.support import fresh_services, run_inputs, tiny_run_config
 from rlserve.core.placement import serve_replicas
+from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import declared_applications
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import train_on_services
@@ -89,13 +90,17 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
     _wait_for_steps(tmp_path / "metrics.jsonl", steps_at_redeploy_end + STEPS_AFTER_REDEPLOY, run)
     control = grpc.insecure_channel((tmp_path / "control_address").read_text().strip())
     trainer = trainer_pb2_grpc.TrainerServiceStub(control)
-    status = trainer.GetStatus(trainer_pb2.GetStatusRequest(), timeout=30)
+    status = trainer.GetStatus(
+        trainer_pb2.GetStatusRequest(), metadata=call_metadata(None), timeout=30
+    )
     assert status.state == trainer_pb2.RUN_STATE_RUNNING and status.total_steps == TOTAL_STEPS
     health = {service.role: service for service in status.services}
     assert sorted(health) == ["critic", "reference", "reward", "rollout"]
     assert all(service.healthy for service in health.values()), status.services
     assert health["rollout"].weights_version >= steps_at_redeploy_end
-    stop_after = trainer.Stop(trainer_pb2.StopRequest(checkpoint=False), timeout=30).after_step
+    stop_after = trainer.Stop(
+        trainer_pb2.StopRequest(checkpoint=False), metadata=call_metadata(None), timeout=30
+    ).after_step
     run.join(timeout=600)
     control.close()
     assert not run.is_alive()

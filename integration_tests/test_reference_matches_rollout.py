@@ -14,6 +14,7 @@ from ray import serve
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.reference.app import build_app as build_reference
 from rlserve.rollout.app import build_app as build_rollout
@@ -25,7 +26,7 @@ SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
 
 def metadata(app: str):
-    return (("application", app), deadline_metadata(TIMEOUT_S))
+    return call_metadata(app, deadline_metadata(TIMEOUT_S))
 
 
 @pytest.fixture(scope="module")

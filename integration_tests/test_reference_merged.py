@@ -14,12 +14,12 @@ from integration_tests.support import fresh_services, run_inputs, tiny_run_confi
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.modeling import load_tokenizer
+from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import service_args
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import train_on_services
 from rlserve.v1 import reference_pb2, reference_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
-ON_ROLLOUT = (("application", "rollout"),)
 TIMEOUT_S = 120
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
@@ -38,7 +38,7 @@ def _sequences(rollout, model_dir) -> Batch:
                 temperature=1.0, max_new_tokens=3, responses_per_prompt=2, seed=1
             ),
         ),
-        metadata=ON_ROLLOUT,
+        metadata=call_metadata("rollout"),
         timeout=TIMEOUT_S,
     )
     return batch_from_proto(generated.batch).select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[])
@@ -47,10 +47,14 @@ def _sequences(rollout, model_dir) -> Batch:
 def _scores(rollout, reference, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     wire = batch_to_proto(batch)
     policy = rollout.ComputeLogProb(
-        rollout_pb2.ComputeLogProbRequest(batch=wire), metadata=ON_ROLLOUT, timeout=TIMEOUT_S
+        rollout_pb2.ComputeLogProbRequest(batch=wire),
+        metadata=call_metadata("rollout"),
+        timeout=TIMEOUT_S,
     )
     ref = reference.ComputeRefLogProb(
-        reference_pb2.ComputeRefLogProbRequest(batch=wire), metadata=ON_ROLLOUT, timeout=TIMEOUT_S
+        reference_pb2.ComputeRefLogProbRequest(batch=wire),
+        metadata=call_metadata("rollout"),
+        timeout=TIMEOUT_S,
     )
     return (
         batch_from_proto(policy.batch).tensors["log_probs"],
@@ -77,7 +81,9 @@ def test_merged_reference_stays_at_the_initial_weights_through_training(
     rollout = rollout_pb2_grpc.RolloutServiceStub(channel)
     reference = reference_pb2_grpc.ReferenceServiceStub(channel)
     info = reference.GetInfo(
-        reference_pb2.ReferenceServiceGetInfoRequest(), metadata=ON_ROLLOUT, timeout=TIMEOUT_S
+        reference_pb2.ReferenceServiceGetInfoRequest(),
+        metadata=call_metadata("rollout"),
+        timeout=TIMEOUT_S,
     )
     assert info.info.role == "rollout" and len(info.info.workers) == 1
 
@@ -111,7 +117,7 @@ def test_rollout_without_reference_weights_refuses_the_reference_rpc(
             reference_pb2.ComputeRefLogProbRequest(
                 batch=batch_to_proto(_sequences(rollout, embedded.model_dir))
             ),
-            metadata=ON_ROLLOUT,
+            metadata=call_metadata("rollout"),
             timeout=TIMEOUT_S,
         )
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -15,6 +15,7 @@ from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.embedded.task import read_jsonl
 from rlserve.core.modeling import load_tokenizer
+from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import deploy_applications
 from rlserve.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -47,7 +48,7 @@ def stubs(serve_cluster, embedded):
 
 
 def _call(stubs, engine, rpc, request):
-    metadata = (("application", f"rollout-{engine}"),)
+    metadata = call_metadata(f"rollout-{engine}")
     return getattr(stubs[engine], rpc)(request, metadata=metadata, timeout=300)
 
 

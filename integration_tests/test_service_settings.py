@@ -6,6 +6,7 @@ import json
 import pytest
 
 from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import ServiceSettingsConflict, deploy_services, service_args
 from rlserve.v1 import critic_pb2, critic_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
@@ -22,7 +23,7 @@ def _settings(serve_cluster, role: str) -> dict:
             critic_pb2_grpc.CriticServiceStub(channel),
             critic_pb2.CriticServiceGetInfoRequest(),
         )
-    info = stub.GetInfo(request, metadata=(("application", role),), timeout=60).info
+    info = stub.GetInfo(request, metadata=call_metadata(role), timeout=60).info
     return json.loads(info.settings_json)
 
 

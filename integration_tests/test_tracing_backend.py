@@ -18,6 +18,7 @@ import ray
 from ray import serve
 
 from rlserve.core import tracing
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import rpc_method
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
@@ -78,7 +79,7 @@ def test_one_step_is_one_trace_across_processes(phoenix_backend, reference_stub)
     try:
         with tracing.span("ppo.step", step=0) as root:
             with tracing.rpc_client_span("ReferenceService", "ComputeRefLogProb", role="reference"):
-                metadata = tracing.inject_metadata([("application", APP)])
+                metadata = tracing.inject_metadata(call_metadata(APP))
                 response = reference_stub.ComputeRefLogProb(
                     reference_pb2.ComputeRefLogProbRequest(), metadata=metadata, timeout=60
                 )
@@ -147,7 +148,7 @@ def test_unsampled_step_leaves_no_spans_downstream(phoenix_backend, reference_st
             with tracing.rpc_client_span("ReferenceService", "ComputeRefLogProb"):
                 reference_stub.ComputeRefLogProb(
                     reference_pb2.ComputeRefLogProbRequest(),
-                    metadata=tracing.inject_metadata([("application", APP)]),
+                    metadata=tracing.inject_metadata(call_metadata(APP)),
                     timeout=60,
                 )
             with tracing.rpc_client_span("RewardService", "ComputeReward"):
@@ -164,7 +165,7 @@ def test_unsampled_step_leaves_no_spans_downstream(phoenix_backend, reference_st
         with tracing.span("marker") as marker:
             reference_stub.ComputeRefLogProb(
                 reference_pb2.ComputeRefLogProbRequest(),
-                metadata=tracing.inject_metadata([("application", APP)]),
+                metadata=tracing.inject_metadata(call_metadata(APP)),
                 timeout=60,
             )
             ray.get(

@@ -16,11 +16,14 @@ require_uint() { # NAME VALUE: VALUE must be a non-negative integer
 }
 
 # The environment every Ray process of this node inherits. RAY_AUTH_MODE is set explicitly
-# (as rlserve.core.cluster does): left unset, a later plain ray.init() turns token auth on
-# and `ray start` / `serve deploy` against this cluster fail. "token" needs the same token on
-# every node and client (RAY_AUTH_TOKEN or ~/.ray/auth_token); rlserve is tested with
-# "disabled", which leaves the cluster open to anyone who can reach its ports.
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# (as rlserve.core.cluster does): left unset, a later plain ray.init() decides by itself.
+# "token" (the default here) makes Ray refuse any node, driver, `serve deploy` or dashboard
+# call without the cluster's Ray token (RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH,
+# by default ~/.ray/auth_token); every client then needs RAY_AUTH_MODE=token too, since
+# rlserve.core.cluster sets "disabled" when the variable is unset. "disabled" (what
+# rlserve's own local clusters and tests use) leaves the cluster open to anyone who can
+# reach its ports.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 case "$RAY_AUTH_MODE" in
     disabled | token) ;;
     *) die "RAY_AUTH_MODE must be 'disabled' or 'token'; got '$RAY_AUTH_MODE'" ;;
@@ -79,10 +82,74 @@ ray_start_args() {
     fi
 }
 
+# token_path VARIABLE DEFAULT: the token file VARIABLE names, else $HOME/DEFAULT.
+token_path() {
+    if [[ -n "${!1:-}" ]]; then
+        echo "${!1}"
+    elif [[ -n "${HOME:-}" ]]; then
+        echo "$HOME/$2"
+    else
+        die "HOME is not set: set $1 to the token file's path"
+    fi
+}
+
+# ensure_token_file ROLE VARIABLE PATH MAKE: a token file at PATH. The head writes a new one
+# (MAKE prints it) when PATH does not exist, readable by this user only; a worker requires
+# it, as a copy of the head's. With DRY_RUN=1 nothing is written.
+ensure_token_file() {
+    local role="$1" variable="$2" path="$3" make="$4"
+    if [[ -e "$path" ]]; then
+        [[ -r "$path" && -s "$path" ]] || die "$variable=$path: the token file is unreadable or empty"
+        echo "token file in use: $path ($variable)" >&2
+    elif [[ "$role" != head ]]; then
+        die "no token file $path: copy the head's (start-head.sh printed its path) to this path, or set $variable to where it is"
+    elif [[ "${DRY_RUN:-0}" == 1 ]]; then
+        echo "(dry run: would write a new token to $path)" >&2
+    else
+        (umask 077 && mkdir -p "$(dirname "$path")" && set -o noclobber && "$make" >"$path") ||
+            die "cannot write the token file $path"
+        echo "new token written to $path (mode 0600): copy it to the same path on every node and client" >&2
+    fi
+}
+
+new_ray_token() { # as Ray's own generator: 32 random bytes, hex, no newline
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'
+}
+
+new_rlserve_token() { # as rlserve.core.auth.generate_token: 32 random bytes, URL-safe base64
+    head -c 32 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'
+    echo
+}
+
+# auth_env ROLE (head or worker): the two secrets this node's processes need.
+# - Ray's token when RAY_AUTH_MODE=token: RAY_AUTH_TOKEN, or the file RAY_AUTH_TOKEN_PATH
+#   (default ~/.ray/auth_token).
+# - The rlserve services' token (rlserve.core.auth), which Serve's gRPC proxy does not
+#   check but every replica does: RLSERVE_AUTH_TOKEN, or the file RLSERVE_AUTH_TOKEN_FILE
+#   (default ~/.rlserve/auth_token), exported so that the replicas started on this node
+#   read it. Tokens are never printed, only the files' paths.
+auth_env() {
+    local role="$1" path
+    if [[ "$RAY_AUTH_MODE" == token && -z "${RAY_AUTH_TOKEN:-}" ]]; then
+        path="$(token_path RAY_AUTH_TOKEN_PATH .ray/auth_token)" || exit 2
+        ensure_token_file "$role" RAY_AUTH_TOKEN_PATH "$path" new_ray_token
+    fi
+    if [[ -n "${RLSERVE_AUTH_TOKEN:-}" ]]; then
+        export RLSERVE_AUTH_TOKEN
+    else
+        path="$(token_path RLSERVE_AUTH_TOKEN_FILE .rlserve/auth_token)" || exit 2
+        ensure_token_file "$role" RLSERVE_AUTH_TOKEN_FILE "$path" new_rlserve_token
+        export RLSERVE_AUTH_TOKEN_FILE="$path"
+    fi
+}
+
 # run_ray COMMAND...: prints the command with the Ray environment; runs it unless DRY_RUN=1.
 run_ray() {
-    local shown
-    shown="$(printf '%q ' env "RAY_AUTH_MODE=$RAY_AUTH_MODE" "RAY_USAGE_STATS_ENABLED=$RAY_USAGE_STATS_ENABLED" "$@")"
+    local shown shown_env=("RAY_AUTH_MODE=$RAY_AUTH_MODE" "RAY_USAGE_STATS_ENABLED=$RAY_USAGE_STATS_ENABLED")
+    if [[ -z "${RLSERVE_AUTH_TOKEN:-}" && -n "${RLSERVE_AUTH_TOKEN_FILE:-}" ]]; then
+        shown_env+=("RLSERVE_AUTH_TOKEN_FILE=$RLSERVE_AUTH_TOKEN_FILE")
+    fi
+    shown="$(printf '%q ' env "${shown_env[@]}" "$@")"
     if [[ "${DRY_RUN:-0}" == 1 ]]; then
         echo "${shown% }"
         return 0

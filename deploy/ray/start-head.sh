@@ -26,12 +26,25 @@
 #                       and with it job submission, to the network)
 #   DASHBOARD_PORT      (default 8265)
 #   TEMP_DIR            Ray's temp/log directory (default /tmp/ray)
-#   RAY_AUTH_MODE       disabled (default, as rlserve.core.cluster sets it) or token
-#   DRY_RUN=1           print the `ray start` command instead of running it
+#   RAY_AUTH_MODE       token (default) or disabled (as rlserve.core.cluster sets it for
+#                       its own local clusters: anyone who reaches Ray's ports runs code)
+#   RAY_AUTH_TOKEN      Ray's cluster token; else the file RAY_AUTH_TOKEN_PATH (default
+#                       ~/.ray/auth_token), written with a new token when it does not exist
+#   RLSERVE_AUTH_TOKEN  the rlserve services' token (every RPC must carry it); else the
+#                       file RLSERVE_AUTH_TOKEN_FILE (default ~/.rlserve/auth_token),
+#                       written with a new token when it does not exist
+#   DRY_RUN=1           print the `ray start` command instead of running it (writes nothing)
+#
+# New token files are readable by this user only; the script prints their paths, never the
+# tokens. Copy both files to the same paths on every node and on each machine that runs
+# `rlserve train`, `serve` or `ray` against the cluster; there, export RAY_AUTH_MODE=token
+# and RLSERVE_AUTH_TOKEN_FILE (see deploy/README.md, Authentication).
 #
 # Ports other nodes must reach: 6379 (GCS) and Ray's node ports; clients: 10001 (Ray
-# client), 9000 (Serve gRPC). Ray takes no authentication with RAY_AUTH_MODE=disabled and
-# Serve's gRPC proxy binds every interface: keep them on a private network or firewalled.
+# client), 9000 (Serve gRPC). Serve's gRPC proxy binds every interface, and neither token
+# is encrypted on the wire: keep the ports on a private network or firewalled, and put a
+# TLS-terminating proxy in front of 9000 for callers elsewhere. On a single machine,
+# NODE_IP=127.0.0.1 makes Ray use loopback addresses for its nodes.
 set -euo pipefail
 
 # shellcheck source=deploy/ray/common.sh
@@ -45,6 +58,7 @@ require_uint RAY_PORT "$RAY_PORT"
 require_uint DASHBOARD_PORT "$DASHBOARD_PORT"
 
 ray_start_args "${POOL:-}"
+auth_env head
 run_ray "$RAY" start --head \
     --port="$RAY_PORT" \
     --include-dashboard=true \

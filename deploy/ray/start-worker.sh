@@ -21,9 +21,15 @@
 #   RESOURCES           custom resources as JSON, e.g. '{"cpu_pool": 1000}'
 #   LABELS              more node labels, key=value[,key=value]
 #   TEMP_DIR            Ray's temp/log directory (default /tmp/ray)
-#   RAY_AUTH_MODE       disabled (default, as rlserve.core.cluster sets it) or token; the
-#                       same on every node
+#   RAY_AUTH_MODE       token (default) or disabled; the same on every node
+#   RAY_AUTH_TOKEN      Ray's cluster token; else the file RAY_AUTH_TOKEN_PATH (default
+#                       ~/.ray/auth_token), a copy of the head's
+#   RLSERVE_AUTH_TOKEN  the rlserve services' token, which replicas on this node check;
+#                       else the file RLSERVE_AUTH_TOKEN_FILE (default
+#                       ~/.rlserve/auth_token), a copy of the head's
 #   DRY_RUN=1           print the `ray start` command instead of running it
+#
+# A worker never makes tokens: without the head's, it stops here, naming the file.
 set -euo pipefail
 
 # shellcheck source=deploy/ray/common.sh
@@ -43,4 +49,5 @@ fi
 [[ -n "${POOL:-}" ]] || die "set POOL to gpu, cheap or none"
 
 ray_start_args "$POOL"
+auth_env worker
 run_ray "$RAY" start --address="$HEAD_ADDRESS" "${RAY_START_ARGS[@]}" "$@"

@@ -35,9 +35,13 @@ def pool_cluster() -> Iterator[PoolCluster]:
     from ray import serve
     from ray.cluster_utils import Cluster
 
+    from rlserve.core import auth
     from rlserve.core.cluster import apply_ray_env_defaults, free_port, start_serve
 
     apply_ray_env_defaults()
+    # Authentication on, as in the main session: every node inherits the token.
+    if auth.expected_token() is None:
+        os.environ[auth.TOKEN_ENV] = auth.generate_token()
     # Every node's files and Ray's "current cluster" address file go under a private
     # short directory (unix socket paths are limited), never /tmp/ray.
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rlmn")

@@ -11,6 +11,7 @@ import ray
 from integration_tests.multinode.conftest import FAKE_GPUS_PER_NODE, POOL_LABEL
 from integration_tests.support import run_inputs, tiny_run_config
 from rlserve.core.placement import PlacementError, release_placement_group, serve_replicas
+from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import (
     deploy_applications,
     deploy_services,
@@ -72,17 +73,17 @@ def test_every_role_runs_in_its_pool_and_a_step_trains(pool_cluster, embedded, t
     rollout = _workers(
         rollout_pb2_grpc.RolloutServiceStub(channel),
         rollout_pb2.RolloutServiceGetInfoRequest(),
-        (("application", "rollout"),),
+        call_metadata("rollout"),
     )
     critic = _workers(
         critic_pb2_grpc.CriticServiceStub(channel),
         critic_pb2.CriticServiceGetInfoRequest(),
-        (("application", "critic"),),
+        call_metadata("critic"),
     )
     reference = _workers(
         reference_pb2_grpc.ReferenceServiceStub(channel),
         reference_pb2.ReferenceServiceGetInfoRequest(),
-        (("application", "reference"),),
+        call_metadata("reference"),
     )
     # STRICT_PACK: actor (training + generation in one process per rank), critic and
     # reference all on one GPU-pool node.
@@ -222,7 +223,7 @@ def test_critic_spread_onto_another_node_than_the_actor(pool_cluster, embedded, 
         for node, _ in _workers(
             rollout_pb2_grpc.RolloutServiceStub(channel),
             rollout_pb2.RolloutServiceGetInfoRequest(),
-            (("application", "rollout"),),
+            call_metadata("rollout"),
         )
     }
     critic_nodes = {
@@ -230,7 +231,7 @@ def test_critic_spread_onto_another_node_than_the_actor(pool_cluster, embedded, 
         for node, _ in _workers(
             critic_pb2_grpc.CriticServiceStub(channel),
             critic_pb2.CriticServiceGetInfoRequest(),
-            (("application", "critic"),),
+            call_metadata("critic"),
         )
     }
     assert actor_nodes == set(where["rollout"]) and critic_nodes == set(where["critic"])

@@ -13,7 +13,9 @@ No Ray cluster is started. What is checked:
   feasibility check), and the reward's group has no GPU;
 - grpc_options register every servicer of rlserve.core.cluster.SERVICER_FUNCTIONS;
 - the ray start scripts pass `bash -n`, and their DRY_RUN commands parse as `ray start`
-  arguments of the installed Ray, with the pool labels the Serve files select.
+  arguments of the installed Ray, with the pool labels the Serve files select; they turn
+  Ray's token auth on, the head writes the token files it lacks (this user's only), a
+  worker refuses to start without them, and no token ever appears in their output.
 """
 
 from __future__ import annotations
@@ -428,14 +430,25 @@ def test_script_passes_bash_n(script: Path):
     subprocess.run(["bash", "-n", str(script)], check=True, capture_output=True)
 
 
-def dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+# A home without token files (a dry run writes nothing), and tokens a worker is given.
+NO_TOKENS_HOME = "/nonexistent/rlserve-test-home"
+WORKER_TOKENS = {"RAY_AUTH_TOKEN": "ray-secret-4f2a", "RLSERVE_AUTH_TOKEN": "rlserve-secret-9c1e"}
+# What both scripts run `ray start` with: rlserve's Ray environment, with Ray's token auth on.
+SCRIPT_ENV = {**cluster._RAY_ENV_DEFAULTS, "RAY_AUTH_MODE": "token"}
+
+
+def run_script(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(RAY_DIR / script), *args],
-        env={"PATH": os.environ["PATH"], "DRY_RUN": "1", **env},
+        env={"PATH": os.environ["PATH"], "HOME": NO_TOKENS_HOME, **env},
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_script(script, *args, DRY_RUN="1", **env)
 
 
 def parsed_ray_start(script: str, *args: str, **env: str) -> tuple[dict[str, str], dict]:
@@ -455,7 +468,8 @@ def parsed_ray_start(script: str, *args: str, **env: str) -> tuple[dict[str, str
 
 def test_head_script_defaults(all_yaml: dict[str, Any]):
     environment, params = parsed_ray_start("start-head.sh")
-    assert environment == cluster._RAY_ENV_DEFAULTS
+    token_file = f"{NO_TOKENS_HOME}/.rlserve/auth_token"
+    assert environment == {**SCRIPT_ENV, "RLSERVE_AUTH_TOKEN_FILE": token_file}
     assert params["head"] is True
     assert params["port"] == 6379
     assert params["dashboard_host"] == "127.0.0.1"
@@ -486,8 +500,9 @@ def test_gpu_worker_carries_the_label_the_gpu_services_select(apps: dict[str, di
         NUM_GPUS="8",
         NUM_CPUS="64",
         LABELS="zone=a",
+        **WORKER_TOKENS,
     )
-    assert environment == cluster._RAY_ENV_DEFAULTS
+    assert environment == SCRIPT_ENV  # the tokens are inherited, never shown
     assert params["address"] == "10.0.0.1:6379"
     assert params["block"] is True
     assert (params["num_gpus"], params["num_cpus"]) == (8, 64)
@@ -500,7 +515,9 @@ def test_gpu_worker_carries_the_label_the_gpu_services_select(apps: dict[str, di
 
 
 def test_cheap_worker_carries_the_reward_label_and_no_gpu(apps: dict[str, dict[str, Any]]):
-    _, params = parsed_ray_start("start-worker.sh", POOL="cheap", RAY_HEAD_ADDRESS="head:6379")
+    _, params = parsed_ray_start(
+        "start-worker.sh", POOL="cheap", RAY_HEAD_ADDRESS="head:6379", **WORKER_TOKENS
+    )
     assert params["address"] == "head:6379"
     assert params["num_gpus"] == 0
     labels = parse_node_labels_string(params["labels"])
@@ -518,13 +535,75 @@ def test_cheap_worker_carries_the_reward_label_and_no_gpu(apps: dict[str, dict[s
         (["10.0.0.1:6379"], {"POOL": "gpu", "LABELS": f"{POOL_LABEL}=cheap"}),
         (["10.0.0.1:6379"], {"POOL": "gpu", "RAY_AUTH_MODE": "off"}),
         ([], {"POOL": "gpu"}),  # no head address
+        (["10.0.0.1:6379"], {"POOL": "gpu", "RAY_AUTH_TOKEN": ""}),  # no Ray token
+        (["10.0.0.1:6379"], {"POOL": "gpu", "RLSERVE_AUTH_TOKEN": ""}),  # no rlserve token
     ],
 )
 def test_worker_script_refuses_bad_settings(args: list[str], env: dict[str, str]):
-    result = dry_run("start-worker.sh", *args, **env)
+    result = dry_run("start-worker.sh", *args, **{**WORKER_TOKENS, **env})
     assert result.returncode != 0
     assert result.stdout == ""
     assert result.stderr.strip()
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_head_script_writes_missing_token_files_for_this_user_only(tmp_path: Path):
+    # RAY=true: the script runs `true start --head ...` in place of Ray.
+    first = run_script("start-head.sh", HOME=str(tmp_path), RAY="true")
+    assert first.returncode == 0, first.stderr
+    ray_file, rlserve_file = tmp_path / ".ray/auth_token", tmp_path / ".rlserve/auth_token"
+    ray_token, rlserve_token = ray_file.read_text(), rlserve_file.read_text().strip()
+    assert len(ray_token) == 64 and set(ray_token) <= set("0123456789abcdef")
+    assert len(rlserve_token) == 43 and rlserve_token.replace("-", "").replace("_", "").isalnum()
+    for path in (ray_file, rlserve_file):
+        assert _mode(path) == 0o600 and _mode(path.parent) == 0o700, path
+        assert str(path) in first.stderr
+    assert f"RLSERVE_AUTH_TOKEN_FILE={rlserve_file} true start --head" in first.stderr
+    again = run_script("start-head.sh", HOME=str(tmp_path), RAY="true")
+    assert again.returncode == 0, again.stderr
+    assert ray_file.read_text() == ray_token  # an existing token is kept
+    assert rlserve_file.read_text().strip() == rlserve_token
+    for result in (first, again):
+        assert ray_token not in result.stdout + result.stderr
+        assert rlserve_token not in result.stdout + result.stderr
+
+
+def test_worker_script_uses_copies_of_the_heads_token_files(tmp_path: Path):
+    for name in (".ray", ".rlserve"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "auth_token").write_text("copied-token\n")
+    environment, _ = parsed_ray_start(
+        "start-worker.sh", "10.0.0.1:6379", POOL="gpu", HOME=str(tmp_path)
+    )
+    assert environment == {
+        **SCRIPT_ENV,
+        "RLSERVE_AUTH_TOKEN_FILE": str(tmp_path / ".rlserve/auth_token"),
+    }
+    (tmp_path / ".rlserve/auth_token").write_text("")
+    empty = dry_run("start-worker.sh", "10.0.0.1:6379", POOL="gpu", HOME=str(tmp_path))
+    assert empty.returncode != 0 and "RLSERVE_AUTH_TOKEN_FILE" in empty.stderr
+
+
+def test_scripts_never_print_a_token_given_by_value():
+    for script, args in (("start-head.sh", ()), ("start-worker.sh", ("10.0.0.1:6379",))):
+        result = dry_run(script, *args, POOL="gpu", **WORKER_TOKENS)
+        assert result.returncode == 0, result.stderr
+        for token in WORKER_TOKENS.values():
+            assert token not in result.stdout + result.stderr, script
+
+
+def test_disabled_ray_auth_needs_no_ray_token():
+    environment, _ = parsed_ray_start(
+        "start-worker.sh",
+        "10.0.0.1:6379",
+        POOL="gpu",
+        RAY_AUTH_MODE="disabled",
+        RLSERVE_AUTH_TOKEN="x",
+    )
+    assert environment == cluster._RAY_ENV_DEFAULTS
 
 
 # --- README -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from ray import serve
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import Deadline, deadline_metadata, invalid_argument, rpc_method
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
@@ -44,7 +45,7 @@ def _call(stub, mode=None, timeout_s=30.0, extra_metadata=()):
     meta = {"mode": mode} if mode else {}
     request = reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(Batch(meta=meta)))
     return stub.ComputeRefLogProb(
-        request, metadata=(("application", APP), *extra_metadata), timeout=timeout_s
+        request, metadata=call_metadata(APP, *extra_metadata), timeout=timeout_s
     )
 
 
@@ -72,7 +73,7 @@ def test_malformed_tensor_is_invalid_argument(stub):
         common_pb2.Tensor(dtype=common_pb2.DTYPE_FLOAT32, shape=[3], data=b"\0" * 5)
     )
     with pytest.raises(grpc.RpcError) as error:
-        stub.ComputeRefLogProb(request, metadata=(("application", APP),), timeout=30)
+        stub.ComputeRefLogProb(request, metadata=call_metadata(APP), timeout=30)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tensors['x'].data" in error.value.details()
 

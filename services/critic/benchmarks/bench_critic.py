@@ -23,6 +23,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_to_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.v1 import critic_pb2, critic_pb2_grpc
 
@@ -96,7 +97,7 @@ def main() -> None:
         f"127.0.0.1:{grpc_port}", options=[("grpc.max_receive_message_length", 1 << 30)]
     )
     stub = critic_pb2_grpc.CriticServiceStub(channel)
-    metadata = (("application", "critic"), deadline_metadata(TIMEOUT_S))
+    metadata = call_metadata("critic", deadline_metadata(TIMEOUT_S))
     batch = make_batch(args.rows, args.prompt_len, args.response_len, vocab_size)
     sequences = batch_to_proto(
         batch.select(["input_ids", "attention_mask", "responses", "response_mask"])

@@ -15,6 +15,7 @@ from ray import serve
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.critic.app import build_app
 from rlserve.v1 import common_pb2, critic_pb2, critic_pb2_grpc
 
@@ -58,8 +59,8 @@ def stubs(serve_cluster, critic_model_dir, tmp_path_factory):
         serve.delete(app)
 
 
-def metadata(key) -> tuple[tuple[str, str]]:
-    return (("application", APPS[key][0]),)
+def metadata(key) -> list[tuple[str, str]]:
+    return call_metadata(APPS[key][0])
 
 
 def values(stubs, key, batch: Batch) -> torch.Tensor:

@@ -7,12 +7,12 @@ from ray import serve
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.critic.app import build_app
 from rlserve.v1 import common_pb2, critic_pb2, critic_pb2_grpc
 
 APP = "critic-service-test"
-METADATA = (("application", APP),)
 TIMEOUT_S = 120.0
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 CHECKPOINT_ROOT = None  # set by the stub fixture
@@ -47,7 +47,7 @@ def sequences(batch: Batch) -> Batch:
 def compute_values(stub, batch: Batch) -> tuple[torch.Tensor, int]:
     response = stub.ComputeValues(
         critic_pb2.ComputeValuesRequest(batch=batch_to_proto(sequences(batch))),
-        metadata=(*METADATA, deadline_metadata(TIMEOUT_S)),
+        metadata=call_metadata(APP, deadline_metadata(TIMEOUT_S)),
         timeout=TIMEOUT_S,
     )
     values = batch_from_proto(response.batch)
@@ -57,7 +57,7 @@ def compute_values(stub, batch: Batch) -> tuple[torch.Tensor, int]:
 def update(stub, step: int, batch: Batch) -> critic_pb2.UpdateCriticResponse:
     return stub.UpdateCritic(
         critic_pb2.UpdateCriticRequest(step=step, batch=batch_to_proto(batch)),
-        metadata=(*METADATA, deadline_metadata(TIMEOUT_S)),
+        metadata=call_metadata(APP, deadline_metadata(TIMEOUT_S)),
         timeout=TIMEOUT_S,
     )
 
@@ -69,13 +69,13 @@ def checkpoint(stub, rpc: str, path) -> tuple[int, int]:
     name = path if isinstance(path, str) else str(path.resolve().relative_to(CHECKPOINT_ROOT))
     location = common_pb2.CheckpointLocation(path=name)
     response = getattr(stub, rpc)(
-        request_type(location=location), metadata=METADATA, timeout=TIMEOUT_S
+        request_type(location=location), metadata=call_metadata(APP), timeout=TIMEOUT_S
     )
     return response.weights_version, response.last_applied_step
 
 
 def test_info_values_update_replay(stub, make_batch):
-    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=METADATA).info
+    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=call_metadata(APP)).info
     assert (info.role, info.engine, info.weights_version, info.last_applied_step) == (
         "critic",
         "deepspeed",
@@ -101,7 +101,7 @@ def test_info_values_update_replay(stub, make_batch):
     assert (replay.weights_version, replay.replayed) == (1, True)
     assert dict(replay.metrics) == dict(first.metrics)
     assert torch.equal(compute_values(stub, batch)[0], trained)
-    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=METADATA).info
+    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=call_metadata(APP)).info
     assert (info.weights_version, info.last_applied_step) == (1, 0)
 
 
@@ -143,7 +143,7 @@ def _tensors(batch: Batch, **changes) -> Batch:
 
 
 def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
-    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=METADATA).info
+    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=call_metadata(APP)).info
     step = info.last_applied_step + 1  # steps must be the next one: checks come after
     good = make_batch(4, seed=23)
     t = good.tensors
@@ -183,16 +183,16 @@ def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
         common_pb2.Tensor(dtype=common_pb2.DTYPE_INT64, shape=[2, 3], data=b"\0" * 7)
     )
     with pytest.raises(grpc.RpcError) as error:
-        stub.ComputeValues(request, metadata=METADATA, timeout=TIMEOUT_S)
+        stub.ComputeValues(request, metadata=call_metadata(APP), timeout=TIMEOUT_S)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tensors['input_ids'].data" in error.value.details()
 
     # A caller whose deadline has passed gets DEADLINE_EXCEEDED, and nothing trains.
-    version = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=METADATA)
+    version = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=call_metadata(APP))
     with pytest.raises(grpc.RpcError) as error:
         stub.UpdateCritic(
             critic_pb2.UpdateCriticRequest(step=step, batch=batch_to_proto(good)),
-            metadata=(*METADATA, deadline_metadata(-1.0)),
+            metadata=call_metadata(APP, deadline_metadata(-1.0)),
             timeout=TIMEOUT_S,
         )
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -20,6 +20,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_to_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
@@ -88,7 +89,7 @@ def main() -> None:
         start = time.perf_counter()
         stub.ComputeRefLogProb(
             request,
-            metadata=(("application", "reference"), deadline_metadata(TIMEOUT_S)),
+            metadata=call_metadata("reference", deadline_metadata(TIMEOUT_S)),
             timeout=TIMEOUT_S,
         )
         return time.perf_counter() - start

@@ -8,6 +8,7 @@ from ray import serve
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.modeling import load_causal_lm
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.reference.app import build_app
 from rlserve.v1 import common_pb2, reference_pb2, reference_pb2_grpc
@@ -38,7 +39,7 @@ def stub(serve_cluster, tiny_model_dir):
 def ref_log_probs(stub, batch: Batch, workers: int = 1, timeout_s: float = TIMEOUT_S):
     response = stub.ComputeRefLogProb(
         reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(batch)),
-        metadata=(("application", APPS[workers]), deadline_metadata(timeout_s)),
+        metadata=call_metadata(APPS[workers], deadline_metadata(timeout_s)),
         timeout=TIMEOUT_S,
     )
     result = batch_from_proto(response.batch)
@@ -54,7 +55,7 @@ def test_log_probs_and_info(stub, tiny_model_dir, make_batch, direct_reference):
     assert meta["weights_version"] == 0
 
     info = stub.GetInfo(
-        reference_pb2.ReferenceServiceGetInfoRequest(), metadata=(("application", APPS[2]),)
+        reference_pb2.ReferenceServiceGetInfoRequest(), metadata=call_metadata(APPS[2])
     ).info
     assert (info.role, info.engine, info.model, info.weights_version) == (
         "reference",
@@ -96,7 +97,7 @@ def test_invalid_requests_then_a_valid_call(stub, make_batch):
         common_pb2.Tensor(dtype=common_pb2.DTYPE_UNSPECIFIED, shape=[1], data=b"")
     )
     with pytest.raises(grpc.RpcError) as error:
-        stub.ComputeRefLogProb(request, metadata=(("application", APPS[1]),), timeout=TIMEOUT_S)
+        stub.ComputeRefLogProb(request, metadata=call_metadata(APPS[1]), timeout=TIMEOUT_S)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tensors['input_ids'].dtype" in error.value.details()
 

@@ -173,6 +173,7 @@ def bench_serve(repeats: int) -> None:
 
     from rlserve.core.cluster import start_local_ray, start_serve
     from rlserve.core.codec import batch_to_proto
+    from rlserve.core.rpc import call_metadata
     from rlserve.reward.app import build_app
     from rlserve.v1 import reward_pb2, reward_pb2_grpc
 
@@ -200,7 +201,7 @@ def bench_serve(repeats: int) -> None:
             times = []
             for _ in range(repeats + 1):
                 start_s = time.perf_counter()
-                stub.ComputeReward(request, metadata=(("application", "reward-bench"),), timeout=60)
+                stub.ComputeReward(request, metadata=call_metadata("reward-bench"), timeout=60)
                 times.append(time.perf_counter() - start_s)
             best_s = min(times[1:])
             print(

@@ -14,9 +14,11 @@ import ray
 import torch
 from ray import serve
 
+from rlserve.core import auth
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.embedded.tokenizer import build_char_tokenizer
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.reward.app import build_app
 from rlserve.reward.reward_model import RewardModel
@@ -76,7 +78,7 @@ def _call(stub, batch: Batch, app: str = APP_FULL, timeout_s: float = TIMEOUT_S)
     request = reward_pb2.ComputeRewardRequest(batch=batch_to_proto(batch))
     return stub.ComputeReward(
         request,
-        metadata=(("application", app), deadline_metadata(timeout_s)),
+        metadata=call_metadata(app, deadline_metadata(timeout_s)),
         timeout=timeout_s,
     )
 
@@ -189,7 +191,7 @@ def _mismatched_rows():
 def test_invalid_requests_name_the_field_and_replica_keeps_serving(stub, make_batch, code, details):
     request = reward_pb2.ComputeRewardRequest(batch=make_batch())
     with pytest.raises(grpc.RpcError) as error:
-        stub.ComputeReward(request, metadata=(("application", APP_FULL),), timeout=TIMEOUT_S)
+        stub.ComputeReward(request, metadata=call_metadata(APP_FULL), timeout=TIMEOUT_S)
     assert error.value.code() == code
     assert details in error.value.details(), error.value.details()
     response = _call(stub, _full_batch())  # a valid call right after works
@@ -201,17 +203,39 @@ def test_callers_passed_deadline_is_deadline_exceeded(stub):
     with pytest.raises(grpc.RpcError) as error:
         stub.ComputeReward(
             request,
-            metadata=(("application", APP_FULL), deadline_metadata(-1.0)),
+            metadata=call_metadata(APP_FULL, deadline_metadata(-1.0)),
             timeout=TIMEOUT_S,
         )
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize("sent", [None, "not-the-cluster-token"], ids=["no_token", "wrong_token"])
+def test_call_without_the_clusters_token_is_unauthenticated(stub, sent):
+    token = auth.expected_token()
+    assert token is not None  # serve_cluster turns authentication on for the session
+    metadata = [("application", APP_FULL), deadline_metadata(TIMEOUT_S)]
+    if sent is not None:
+        metadata.append((auth.TOKEN_METADATA_KEY, sent))
+    requests = {
+        "ComputeReward": reward_pb2.ComputeRewardRequest(batch=batch_to_proto(_full_batch())),
+        "GetInfo": reward_pb2.RewardServiceGetInfoRequest(),
+    }
+    for rpc, request in requests.items():
+        with pytest.raises(grpc.RpcError) as error:
+            getattr(stub, rpc)(request, metadata=metadata, timeout=TIMEOUT_S)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED, rpc
+        details = error.value.details()
+        assert auth.TOKEN_METADATA_KEY in details and auth.TOKEN_ENV in details, details
+        assert token not in details and (sent is None or sent not in details)
+    response = _call(stub, _full_batch())  # the replica keeps serving callers with the token
+    assert len(batch_from_proto(response.batch)) == 3
 
 
 def test_get_info(stub, tiny_reward_model_dir):
     node_id = ray.get_runtime_context().get_node_id()
     full = stub.GetInfo(
         reward_pb2.RewardServiceGetInfoRequest(),
-        metadata=(("application", APP_FULL),),
+        metadata=call_metadata(APP_FULL),
         timeout=TIMEOUT_S,
     )
     assert full.info.role == "reward"
@@ -220,7 +244,7 @@ def test_get_info(stub, tiny_reward_model_dir):
     assert full.info.rlserve_version == version("rlserve-reward")
     rule = stub.GetInfo(
         reward_pb2.RewardServiceGetInfoRequest(),
-        metadata=(("application", APP_RULE),),
+        metadata=call_metadata(APP_RULE),
         timeout=TIMEOUT_S,
     )
     assert dict(rule.kind_weights) == {"rule": 1.0} and rule.info.model == ""

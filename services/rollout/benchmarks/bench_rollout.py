@@ -38,6 +38,7 @@ from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
+from rlserve.core.rpc import call_metadata
 from rlserve.v1 import rollout_pb2, rollout_pb2_grpc
 
 APP = "rollout-bench"
@@ -124,7 +125,7 @@ def main() -> None:
             f"127.0.0.1:{grpc_port}", options=[("grpc.max_receive_message_length", 2**30)]
         )
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-        metadata = (("application", APP),)
+        metadata = call_metadata(APP)
 
         generate_request = rollout_pb2.GenerateSequencesRequest(
             prompts=batch_to_proto(prompts),

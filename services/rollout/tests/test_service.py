@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.rollout.app import build_app
 from rlserve.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
@@ -53,7 +54,7 @@ class App:
 
     def call(self, rpc: str, request, extra_metadata=()):
         return getattr(self.stub, rpc)(
-            request, metadata=(("application", self.name), *extra_metadata), timeout=TIMEOUT_S
+            request, metadata=call_metadata(self.name, *extra_metadata), timeout=TIMEOUT_S
         )
 
     def info(self) -> common_pb2.ServiceInfo:

@@ -1,13 +1,16 @@
 """The trainer's control service over real gRPC: Stop and RequestCheckpoint set the flags
 the loop honours, and GetStatus reports a service that does not answer as unhealthy with
-the reason (the healthy path runs in integration_tests/test_live_redeploy.py)."""
+the reason (the healthy path runs in integration_tests/test_live_redeploy.py). With a
+token set, a call without it or with another one is UNAUTHENTICATED and changes nothing."""
 
 import asyncio
 
 import grpc
+import pytest
 
+from rlserve.core import auth
 from rlserve.core.cluster import free_port
-from rlserve.core.rpc import ServiceClient, open_channel
+from rlserve.core.rpc import ServiceClient, call_metadata, open_channel
 from rlserve.trainer.control import RunControl, serve_control
 from rlserve.v1 import reward_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
@@ -19,11 +22,15 @@ async def _exercise() -> tuple[RunControl, trainer_pb2.GetStatusResponse, int, i
     server, port = await serve_control(control, 0, {"reward": reward})
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         trainer = trainer_pb2_grpc.TrainerServiceStub(channel)
-        status = await trainer.GetStatus(trainer_pb2.GetStatusRequest(), timeout=30)
-        checkpoint = await trainer.RequestCheckpoint(
-            trainer_pb2.RequestCheckpointRequest(), timeout=10
+        status = await trainer.GetStatus(
+            trainer_pb2.GetStatusRequest(), metadata=call_metadata(None), timeout=30
         )
-        stop = await trainer.Stop(trainer_pb2.StopRequest(checkpoint=True), timeout=10)
+        checkpoint = await trainer.RequestCheckpoint(
+            trainer_pb2.RequestCheckpointRequest(), metadata=call_metadata(None), timeout=10
+        )
+        stop = await trainer.Stop(
+            trainer_pb2.StopRequest(checkpoint=True), metadata=call_metadata(None), timeout=10
+        )
     await server.stop(None)
     await nobody.close()
     return control, status, checkpoint.after_step, stop.after_step
@@ -39,3 +46,34 @@ def test_control_service_sets_flags_and_reports_an_unreachable_service():
     assert checkpoint_after == 4 and stop_after == 4
     assert control.checkpoint_requested and control.stop_requested and control.checkpoint_on_stop
     assert control.state == trainer_pb2.RUN_STATE_STOPPING
+
+
+async def _stop_with(metadata: list[tuple[str, str]]) -> tuple[RunControl, grpc.aio.AioRpcError]:
+    control = RunControl(state=trainer_pb2.RUN_STATE_RUNNING, step=3, total_steps=10)
+    server, port = await serve_control(control, 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            trainer = trainer_pb2_grpc.TrainerServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await trainer.Stop(trainer_pb2.StopRequest(), metadata=metadata, timeout=10)
+            assert not control.stop_requested  # refused before the servicer ran
+            # The service keeps answering a call that carries the token.
+            status = await trainer.GetStatus(
+                trainer_pb2.GetStatusRequest(), metadata=call_metadata(None), timeout=10
+            )
+            assert status.step == 3
+    finally:
+        await server.stop(None)
+    return control, refused.value
+
+
+@pytest.mark.parametrize("sent", [None, "not-the-token"], ids=["no-token", "wrong-token"])
+def test_control_service_refuses_a_call_without_the_token(monkeypatch, sent):
+    token = auth.generate_token()
+    monkeypatch.setenv(auth.TOKEN_ENV, token)
+    metadata = [] if sent is None else [(auth.TOKEN_METADATA_KEY, sent)]
+    control, error = asyncio.run(_stop_with(metadata))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert auth.TOKEN_METADATA_KEY in error.details() and auth.TOKEN_ENV in error.details()
+    assert token not in error.details() and "not-the-token" not in error.details()
+    assert control.state == trainer_pb2.RUN_STATE_RUNNING

@@ -3,8 +3,10 @@
 Serve's gRPC proxy serves only the servicers registered when Serve first starts (one
 added later is silently UNIMPLEMENTED), so `start_serve` always registers all of
 rlserve's services, whichever are deployed now. The proxy binds [::]:port whatever the
-host setting says: on a shared network, firewall the gRPC port or run inside a private
-network (KubeRay pods), since the services take no authentication of their own.
+host setting says, in plaintext: on a shared network, firewall the gRPC port or run
+inside a private network (KubeRay pods). The services check the shared token of
+rlserve.core.auth when their processes have one (set before Ray starts here, so every
+Ray process inherits it); Ray's own token auth is a separate setting (RAY_AUTH_MODE).
 """
 
 import os

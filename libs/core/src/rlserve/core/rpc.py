@@ -1,7 +1,8 @@
 """Calling rlserve services: the one retry policy and deadline handling for every client.
 
 Each call carries the Serve `application` metadata key (which app on the shared proxy),
-a gRPC deadline, and the same deadline as metadata so the service can stop work the
+the cluster's token (`rlserve-token`, see rlserve.core.auth) when one is set, a gRPC
+deadline, and the same deadline as metadata so the service can stop work the
 caller will no longer wait for (Serve's proxy does not pass gRPC deadlines through).
 Retries cover transient failures only — UNAVAILABLE (no replica yet, proxy restarting)
 and INTERNAL from a replica that died (Serve restarts it in ≈ 3 s) — and never an
@@ -22,7 +23,7 @@ from typing import Any
 import grpc
 from opentelemetry.trace import Status, StatusCode
 
-from rlserve.core import tracing
+from rlserve.core import auth, tracing
 from rlserve.core.serving import deadline_metadata
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,15 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+
+
+def call_metadata(application: str | None, *extra: tuple[str, str]) -> list[tuple[str, str]]:
+    """The metadata of a call to an rlserve service: the Serve `application` (None for
+    the trainer's control service, which is no Serve app), the token when one is set,
+    then `extra` entries (e.g. `deadline_metadata(...)`). Every caller builds its
+    metadata here, so none forgets the token."""
+    routing = [] if application is None else [("application", application)]
+    return [*routing, *auth.token_metadata(), *extra]
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ class ServiceClient:
             with tracing.rpc_client_span(
                 self.service, rpc, role=self.application, attempt=attempt
             ) as span:
-                metadata = [("application", self.application), deadline_metadata(timeout_s)]
+                metadata = call_metadata(self.application, deadline_metadata(timeout_s))
                 if tracing.tracing_enabled():
                     metadata = tracing.inject_metadata(metadata)
                     if span.is_recording():

@@ -11,6 +11,9 @@ caller's deadline.
   default would send the whole traceback, leaking internals and, with non-ASCII text,
   overflowing a default client's metadata limit), and the traceback goes to the log.
   The replica keeps serving either way.
+- Authentication: before anything else, `rpc_method` checks the caller's token
+  (metadata `rlserve-token`) against the replica's (`rlserve.core.auth`); a missing or
+  wrong one is UNAUTHENTICATED, and a replica without a token accepts every call.
 - Deadlines: gRPC does not hand the caller's deadline through Serve's proxy, so rlserve
   clients also send it as metadata (`DEADLINE_METADATA_KEY`, absolute Unix time in
   seconds); `Deadline.check(stage)` raises DEADLINE_EXCEEDED between units of work once
@@ -38,7 +41,7 @@ from typing import Any, TypeVar
 import grpc
 from opentelemetry.trace import Span, Status, StatusCode
 
-from rlserve.core import tracing
+from rlserve.core import auth, tracing
 from rlserve.core.codec import CodecError
 from rlserve.core.run_config import TracingConfig
 
@@ -165,6 +168,9 @@ def rpc_method(
             metadata = grpc_context.invocation_metadata()
             with tracing.rpc_server_span(service, rpc, metadata) as span:
                 try:
+                    refused = auth.rejection(metadata)
+                    if refused is not None:
+                        raise RpcError(grpc.StatusCode.UNAUTHENTICATED, refused)
                     response = await method(self, request, grpc_context)
                     if span.is_recording():
                         _annotate(span, metadata, request, response)

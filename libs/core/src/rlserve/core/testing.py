@@ -1,9 +1,12 @@
 """pytest fixtures shared by every package's tests (loaded by the root conftest.py).
 
 One local Ray cluster and one Serve instance per test session (starting one costs
-≈ 20 s); tiny models are built in the test, never downloaded.
+≈ 20 s); tiny models are built in the test, never downloaded. Authentication is on for
+the session: the cluster's replicas inherit a token set before Ray starts, and tests send
+it through rlserve.core.rpc.call_metadata like every client.
 """
 
+import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,8 +36,12 @@ def serve_cluster() -> Iterator[ServeCluster]:
     import ray
     from ray import serve
 
+    from rlserve.core import auth
     from rlserve.core.cluster import free_port, start_local_ray, start_serve
 
+    # Before Ray starts: its processes, and so the replicas, inherit the environment.
+    if auth.expected_token() is None:
+        os.environ[auth.TOKEN_ENV] = auth.generate_token()
     # Short path: Ray's unix sockets live under it (108-byte limit).
     temp_dir = Path(tempfile.mkdtemp(prefix="rlray"))
     start_local_ray(num_cpus=TEST_CLUSTER_CPUS, temp_dir=temp_dir)

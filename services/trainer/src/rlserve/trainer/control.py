@@ -4,7 +4,8 @@ It runs in the trainer's event loop on its own port (the trainer is a process, n
 Serve replica); requests only set flags that the loop acts on between steps, so a
 checkpoint or stop never interrupts a step half-way. GetStatus also asks every service
 the run uses for its GetInfo (concurrently, a few seconds at most) and reports each one's
-health and weights version.
+health and weights version. With a token set (rlserve.core.auth), every call must carry
+it, as for the services: one without it, or with another, is UNAUTHENTICATED.
 """
 
 import asyncio
@@ -13,6 +14,8 @@ from typing import Any
 
 import grpc
 
+from rlserve.core import auth
+from rlserve.core.rpc import call_metadata
 from rlserve.v1 import (
     critic_pb2,
     reference_pb2,
@@ -54,7 +57,7 @@ async def service_status(role: str, client: Any) -> trainer_pb2.ServiceStatus:
         response = await asyncio.wait_for(
             client.stub.GetInfo(
                 _INFO_REQUESTS[role](),
-                metadata=[("application", client.application)],
+                metadata=call_metadata(client.application),
                 timeout=HEALTH_TIMEOUT_S,
             ),
             HEALTH_TIMEOUT_S + 1,
@@ -106,12 +109,27 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.StopResponse(after_step=self.control.step + 1)
 
 
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses, before the request is even parsed, a call whose `rlserve-token` does not
+    match this process's token (every call passes when the process has none)."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        refused = auth.rejection(handler_call_details.invocation_metadata or ())
+        if refused is None:
+            return await continuation(handler_call_details)
+
+        async def refuse(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 async def serve_control(
     control: RunControl, port: int, clients: dict[str, Any] | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """Starts the control service on 127.0.0.1:port (0 = any); returns (server, port).
     `clients` (role -> ServiceClient) are the services GetStatus reports on."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[TokenInterceptor()])
     servicer = TrainerServicer(control, clients)
     trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")

@@ -8,6 +8,11 @@ Tracing (`trainer.tracing`): the trainer process traces as `rlserve-trainer` for
 length of `train_on_services` and flushes its spans at the end; the services get the
 same settings in their deploy args (see deploy.py). Before a local cluster is torn
 down, the run waits for the services' last spans to be exported.
+
+Authentication (rlserve.core.auth): a cluster started here gets a token generated for the
+run unless RLSERVE_AUTH_TOKEN / RLSERVE_AUTH_TOKEN_FILE gives one; it is set in this
+process's environment before Ray starts, so the replicas inherit it and the trainer's
+clients send it. Joining a cluster, the trainer sends the token its environment gives.
 """
 
 import asyncio
@@ -20,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlserve.core import tracing
+from rlserve.core import auth, tracing
 from rlserve.core.config import ConfigError, dump_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.run_config import RunConfig
@@ -326,6 +331,9 @@ def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
     from rlserve.core.cluster import connect_ray, free_port, start_local_ray, start_serve
 
     if config.trainer.ray_address is None:
+        if auth.expected_token() is None:
+            # Before Ray starts: its processes, and so the replicas, inherit it.
+            os.environ[auth.TOKEN_ENV] = auth.generate_token()
         temp_dir = Path("/tmp") / f"rlserve-{run_dir.name}"
         # Logical CPUs: four services with their workers need more scheduling slots than a
         # small machine has cores, and the embedded model is far too small to need them.
@@ -338,6 +346,13 @@ def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
         port = config.trainer.serve_grpc_port or free_port()
         start_serve(port)
         return f"127.0.0.1:{port}", True
+    if auth.expected_token() is None:
+        console.print(
+            f"[yellow]warning:[/] neither {auth.TOKEN_ENV} nor {auth.TOKEN_FILE_ENV} is set: "
+            f"the trainer sends no token, so the services must accept unauthenticated calls "
+            f"(anyone who reaches port {config.trainer.serve_grpc_port} can call them); "
+            f"see deploy/README.md, Authentication"
+        )
     connect_ray(config.trainer.ray_address)
     start_serve(config.trainer.serve_grpc_port)
     host = config.trainer.ray_address.split("://")[-1].split(":")[0]
