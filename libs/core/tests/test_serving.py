@@ -1,5 +1,7 @@
 """rpc_method and Deadline through a real Serve gRPC proxy (ReferenceService contract)."""
 
+import time
+
 import grpc
 import pytest
 from ray import serve
@@ -7,7 +9,14 @@ from ray import serve
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto
 from rlserve.core.rpc import call_metadata
-from rlserve.core.serving import Deadline, deadline_metadata, invalid_argument, rpc_method
+from rlserve.core.serving import (
+    Deadline,
+    RpcError,
+    deadline_metadata,
+    invalid_argument,
+    rpc_method,
+    until_deadline,
+)
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
 APP = "serving-probe"
@@ -90,3 +99,16 @@ def test_unparsable_deadline_is_invalid_argument():
     with pytest.raises(Exception, match="rlserve-deadline-unix-s: not a number"):
         Deadline.from_metadata([("rlserve-deadline-unix-s", "soon")])
     assert Deadline.from_metadata([]).remaining_s() == float("inf")
+
+
+def test_until_deadline_stops_before_the_next_item_once_the_deadline_has_passed():
+    assert list(until_deadline(range(3), None, "work")) == [0, 1, 2]
+    assert list(until_deadline(range(3), time.time() + 60, "work")) == [0, 1, 2]
+    done = []
+    with pytest.raises(RpcError) as error:
+        for item in until_deadline(range(10), time.time() + 0.05, "ComputeValues"):
+            done.append(item)
+            time.sleep(0.03)
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert error.value.message == "caller's deadline passed during ComputeValues"
+    assert 1 <= len(done) <= 3  # stopped between items, well before all ten

@@ -12,6 +12,7 @@ from rlserve.core.validation import (
     require_sequences,
     require_tensor,
     require_token_ids,
+    require_tokens,
 )
 
 
@@ -191,3 +192,36 @@ def test_sequences_responses_must_be_the_real_tail_of_input_ids():
     )
     tensors["response_mask"][0, -1] = 0  # a masked-out response position is fine
     require_sequences(Batch(tensors), 9, 8)
+
+
+def test_token_positions_limit_names_the_field_the_count_and_the_setting():
+    require_tokens(100, 100, "batch", "10 rows × 10")
+    require_tokens(10**9, None, "batch", "no limit")
+    _raises(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        r"^batch: 10 rows × 11 = 110 token positions exceed this service's limit of 100 "
+        r"\(its max_request_tokens setting\); split the request",
+        require_tokens,
+        110,
+        100,
+        "batch",
+        "10 rows × 11",
+    )
+    batch = Batch(
+        {
+            "input_ids": torch.ones(4, 3, dtype=torch.long),
+            "attention_mask": torch.ones(4, 3, dtype=torch.long),
+            "responses": torch.ones(4, 1, dtype=torch.long),
+            "response_mask": torch.ones(4, 1, dtype=torch.long),
+        }
+    )
+    assert len(require_sequences(batch, 10, 4, max_tokens=12)) == 4
+    _raises(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        r"^batch.tensors\['input_ids'\]: 4 rows × 3 = 12 token positions exceed .* of 11 ",
+        require_sequences,
+        batch,
+        10,
+        4,
+        max_tokens=11,
+    )

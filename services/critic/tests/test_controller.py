@@ -32,6 +32,7 @@ def controller(critic_model_dir, in_process_group):
         ppo_epochs=2,
         lr=1e-2,
         max_batch_samples=16,
+        max_request_tokens=150,
     )
     worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
     worker.init_distributed("127.0.0.1", free_port())
@@ -102,6 +103,12 @@ def bad_batches(make_batch):
     return {
         "empty": (Batch(), grpc.StatusCode.INVALID_ARGUMENT, "batch: empty batch"),
         "too many rows": (make_batch(20), grpc.StatusCode.RESOURCE_EXHAUSTED, "limit of 16"),
+        "too many token positions": (
+            make_batch(4, prompt_len=40),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "batch.tensors['input_ids']: 4 rows × 45 = 180 token positions exceed this "
+            "service's limit of 150 (its max_request_tokens setting)",
+        ),
         "no input_ids": (_without(good, "input_ids"), None, "tensors['input_ids']: missing"),
         "float ids": (_with(good, input_ids=t["input_ids"].float()), None, "['input_ids']"),
         "id out of vocab": (
@@ -179,6 +186,38 @@ def test_a_passed_deadline_is_deadline_exceeded(controller, make_batch):
         run(controller.update_critic(controller.last_applied_step + 1, make_batch(4), past))
     assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert controller.last_applied_step + 1 not in controller.steps.results()
+
+
+def test_values_stop_at_the_deadline_between_micro_batches_and_the_worker_serves_on(
+    critic_model_dir, in_process_group, make_batch
+):
+    """Issue 12 defect 7: ComputeValues whose caller had given up ran on in the workers,
+    and later calls queued behind it. The workers now stop at the next micro-batch."""
+    from rlserve.core.cluster import free_port
+
+    config = CriticServiceConfig(
+        model_path=str(critic_model_dir),
+        ppo_mini_batch_samples=4,
+        micro_batch_samples=2,
+        forward_micro_batch_samples=1,
+    )
+    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
+    worker.init_distributed("127.0.0.1", free_port())
+    # Not threaded: the call blocks the event loop, so only the worker itself can stop it.
+    controller = CriticController(config, in_process_group([worker]))
+    batch = make_batch(1024, seed=4).select(SEQUENCE_KEYS)  # 1024 forward passes: ≈ 2 s
+    run(controller.worker_infos())
+    started = time.perf_counter()
+    run(controller.compute_values(batch))
+    full_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with pytest.raises(RpcError) as error:
+        run(controller.compute_values(batch, Deadline(unix_s=time.time() + full_s / 10)))
+    stopped_s = time.perf_counter() - started
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, error.value.message
+    assert stopped_s < full_s / 2, (stopped_s, full_s)
+    values, _ = run(controller.compute_values(batch.index(slice(0, 2))))
+    assert values.tensors["values"].shape == (2, 5)
 
 
 def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(

@@ -1,6 +1,7 @@
 """ReferenceWorker and ReferenceController in-process: exact log-probs, frozen weights."""
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -73,7 +74,9 @@ class InProcessGroup:
 
 
 def test_controller_checks_requests(tiny_model_dir, make_batch):
-    config = ReferenceServiceConfig(model_path=str(tiny_model_dir), max_batch_samples=8)
+    config = ReferenceServiceConfig(
+        model_path=str(tiny_model_dir), max_batch_samples=8, max_request_tokens=50
+    )
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
     controller = ReferenceController(config, InProcessGroup(worker))
     good = make_batch(4)
@@ -81,6 +84,12 @@ def test_controller_checks_requests(tiny_model_dir, make_batch):
     cases = [
         (Batch(), grpc.StatusCode.INVALID_ARGUMENT, "batch: empty batch"),
         (make_batch(9), grpc.StatusCode.RESOURCE_EXHAUSTED, "batch: 9 rows exceed"),
+        (
+            make_batch(5),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "batch.tensors['input_ids']: 5 rows × 11 = 55 token positions exceed this "
+            "service's limit of 50 (its max_request_tokens setting)",
+        ),
         (
             Batch({**t, "response_mask": t["response_mask"][:, :2]}),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -105,6 +114,33 @@ def test_controller_checks_requests(tiny_model_dir, make_batch):
     result, metrics = asyncio.run(controller.compute_ref_log_prob(good))
     assert result.tensors["ref_log_probs"].shape == (4, 5)
     assert metrics["tokens"] == float(t["response_mask"].sum())
+
+
+def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_serves_on(
+    tiny_model_dir, make_batch
+):
+    """Issue 12 defect 7: a ComputeRefLogProb whose caller had given up ran on in the
+    workers, and later calls queued behind it. The workers now stop at the next
+    micro-batch."""
+    config = ReferenceServiceConfig(model_path=str(tiny_model_dir), micro_batch_samples=1)
+    worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
+    # In-process, the call blocks the event loop: only the worker itself can stop it.
+    controller = ReferenceController(config, InProcessGroup(worker))
+    batch = make_batch(1024, seed=4)  # 1024 forward passes: ≈ 2 s
+    asyncio.run(controller.worker_infos())
+    started = time.perf_counter()
+    asyncio.run(controller.compute_ref_log_prob(batch))
+    full_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with pytest.raises(RpcError) as error:
+        asyncio.run(
+            controller.compute_ref_log_prob(batch, Deadline(unix_s=time.time() + full_s / 10))
+        )
+    stopped_s = time.perf_counter() - started
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, error.value.message
+    assert stopped_s < full_s / 2, (stopped_s, full_s)
+    result, _ = asyncio.run(controller.compute_ref_log_prob(batch.index(slice(0, 2))))
+    assert result.tensors["ref_log_probs"].shape == (2, 5)
 
 
 def test_the_batch_sampling_temperature_wins_over_the_configured_one(tiny_model_dir, make_batch):

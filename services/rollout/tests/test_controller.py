@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import time
 from dataclasses import replace
 
 import grpc
@@ -10,7 +11,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.cluster import free_port
-from rlserve.core.serving import RpcError
+from rlserve.core.serving import Deadline, RpcError
 from rlserve.core.workers import init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.engine import (
@@ -143,6 +144,69 @@ def test_rollout_log_probs_equal_compute_log_prob(service):
     # without the stamp, the configured default (1.0) applies: clearly other numbers
     unstamped, _ = service.compute_log_prob(Batch(batch.tensors))
     assert (unstamped["log_probs"] - scored["log_probs"]).abs().max() > 1e-2
+
+
+def test_abandoned_generation_and_log_probs_stop_at_the_deadline_and_the_worker_serves_on(
+    service, monkeypatch
+):
+    """Issue 12 defect 7: work whose caller had timed out ran on in the worker (the next
+    2-row generation waited 74 s). The deadline now reaches the worker, which stops
+    between tokens (generation) and micro-batches (log-probs)."""
+    long = replace(SAMPLING, max_new_tokens=100, ignore_eos=True, responses_per_prompt=128)
+    started = time.perf_counter()
+    batch, _ = service.generate(prompts_batch(), long)
+    full_s = time.perf_counter() - started
+    assert batch["response_mask"].sum() == 4 * 128 * 100
+    started = time.perf_counter()
+    deadline = Deadline(time.time() + full_s / 10)
+    error = rpc_error(lambda: service.generate(prompts_batch(), long, deadline=deadline))
+    stopped_s = time.perf_counter() - started
+    assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED, error.message
+    assert stopped_s < full_s / 2, (stopped_s, full_s)
+    assert service.generate(prompts_batch(), SAMPLING)[0]["responses"].shape == (8, 5)
+
+    monkeypatch.setattr(service.worker, "logprob_micro_batch_samples", 4)  # 128 micro-batches
+    started = time.perf_counter()
+    service.compute_log_prob(batch)
+    full_s = time.perf_counter() - started
+    started = time.perf_counter()
+    deadline = Deadline(time.time() + full_s / 10)
+    error = rpc_error(lambda: service.compute_log_prob(batch, deadline=deadline))
+    stopped_s = time.perf_counter() - started
+    assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED, error.message
+    assert stopped_s < full_s / 2, (stopped_s, full_s)
+    assert service.compute_log_prob(batch.index(slice(0, 2)))[0]["log_probs"].shape == (2, 100)
+
+
+def test_requests_over_max_request_tokens_are_refused_before_any_work(service):
+    """Issue 12 defect 7: 196 bytes (1 prompt × 4096 responses × 120 tokens) made the
+    worker generate for 74 s and grow from 0.56 to 2.8 GB."""
+    one_prompt = prompts_batch().index(slice(0, 1))  # 6 columns
+    sampling = replace(SAMPLING, max_new_tokens=120, responses_per_prompt=4096)
+    error = rpc_error(lambda: service.generate(one_prompt, sampling))
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.message.startswith(
+        "prompts, sampling.responses_per_prompt, sampling.max_new_tokens: 1 prompts × 4096 "
+        "responses × (6 prompt columns + 120 new tokens) = 516,096 token positions exceed "
+        "this service's limit of 65,536 (its max_request_tokens setting); split the request"
+    ), error.message
+    ids = torch.ones(4096, 17, dtype=torch.long)  # 69,632 positions
+    wide = Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": ids,
+            "responses": ids[:, 1:],
+            "response_mask": ids[:, 1:],
+        }
+    )
+    step, version = service.controller.last_applied_step + 1, service.controller.weights_version
+    calls = (service.compute_log_prob, lambda batch: service.update_actor(step, version, batch))
+    for call in calls:
+        error = rpc_error(lambda call=call: call(wide))
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error.message.startswith(
+            "batch.tensors['input_ids']: 4096 rows × 17 = 69,632 token positions exceed"
+        ), error.message
 
 
 def test_update_trains_syncs_generation_and_bumps_version(service):

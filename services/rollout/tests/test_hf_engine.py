@@ -2,12 +2,15 @@
 
 import json
 import shutil
+import time
 from dataclasses import replace
 
+import grpc
 import pytest
 import torch
 
 from rlserve.core.modeling import load_causal_lm, log_probs_from_logits, response_logits
+from rlserve.core.serving import RpcError
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.hf_engine import HFGenerationEngine
 
@@ -114,3 +117,25 @@ def test_top_k_off_samples_outside_the_top_fifty(engine):
     model_logits = engine.model(input_ids=torch.tensor([PROMPTS[0]])).logits[0, -1]
     top50 = set(model_logits.topk(50).indices.tolist())
     assert any(ids[0] not in top50 for ids in sampled)
+
+
+def test_a_passed_deadline_stops_generation_within_a_token_and_the_engine_serves_on(engine):
+    """Issue 12 defect 7: a generation its caller had given up on ran to the end (74 s
+    for 4096 × 120 tokens) while later calls waited. Now it stops at the next token."""
+    greedy = engine.generate(PROMPTS, GREEDY).response_ids
+    assert engine.generate(PROMPTS, GREEDY, deadline=time.time() + 60).response_ids == greedy
+    long = replace(GREEDY, max_new_tokens=100, ignore_eos=True, return_log_probs=False)
+    rows = [PROMPTS[0]] * 1024
+    started = time.perf_counter()
+    assert len(engine.generate(rows, long).response_ids[0]) == 100
+    full_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with pytest.raises(RpcError) as error:
+        engine.generate(rows, long, deadline=time.time() + full_s / 10)
+    stopped_s = time.perf_counter() - started
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert error.value.message == "caller's deadline passed during GenerateSequences"
+    assert stopped_s < full_s / 2, (stopped_s, full_s)
+    with pytest.raises(RpcError):  # already passed: no work at all
+        engine.generate(rows, long, deadline=time.time() - 1)
+    assert engine.generate(PROMPTS, GREEDY).response_ids == greedy

@@ -12,6 +12,7 @@ weights agree within 1e-5 (Adam's first step moves each weight by ≈ lr, so 1e-
 of the step; measured 4e-7) and the metrics within a relative 1e-4.
 """
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -494,3 +495,37 @@ def test_passed_deadline_is_deadline_exceeded(apps, valid_update):
         app.call(rpc, request, extra_metadata=(deadline_metadata(-1.0),))
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert app.call(rpc, request, extra_metadata=(deadline_metadata(60.0),)).batch.tensors
+
+
+def test_an_abandoned_generation_does_not_hold_up_the_next_one(serve_cluster, tiny_model_dir):
+    """Issue 12 defect 7, through Serve: 1 prompt × 4096 responses × 120 tokens timed out
+    for its caller at 5 s, yet the next 2-row generation waited 74 s behind it. The
+    deadline now reaches the worker, which stops at the next token."""
+    name = "rollout-deadline"
+    limits = {"max_new_tokens_limit": 120, "max_request_tokens": 600_000}
+    serve.run(
+        build_app({"model_path": str(tiny_model_dir), **limits}), name=name, route_prefix=f"/{name}"
+    )
+    channel = serve_cluster.channel()
+    try:
+        app = App(name, rollout_pb2_grpc.RolloutServiceStub(channel))
+        small = generate_request(prompts_batch(PROMPT_ROWS[:2]))
+        app.call("GenerateSequences", small)  # warm
+        big = generate_request(
+            prompts_batch(PROMPT_ROWS[:1]),
+            temperature=1.0,
+            max_new_tokens=120,
+            responses_per_prompt=4096,
+            ignore_eos=True,
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            app.stub.GenerateSequences(
+                big, metadata=call_metadata(name, deadline_metadata(2.0)), timeout=2.0
+            )
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        started = time.monotonic()
+        assert len(batch_from_proto(app.call("GenerateSequences", small).batch)) == 2
+        assert time.monotonic() - started < 5.0
+    finally:
+        serve.delete(name)
+        channel.close()

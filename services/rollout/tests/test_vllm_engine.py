@@ -13,9 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ from rlserve.core.embedded.task import addition_rows
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.core.embedded.warmup import supervised_warmup
 from rlserve.core.modeling import load_causal_lm, log_probs_from_logits
+from rlserve.core.serving import RpcError
 from rlserve.core.vllm_config import VllmConfig
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.vllm_engine import GIB, VLLMGenerationEngine, current_platform
@@ -271,6 +274,31 @@ def test_bad_input_raises_and_engine_keeps_working(engine, hf_model, prompts):
     empty = engine.generate([], GREEDY)
     assert empty.response_ids == [] and empty.log_probs == []
     assert engine.generate(prompts, GREEDY).response_ids == hf_greedy(hf_model, prompts, 8)[0]
+
+
+def test_a_passed_deadline_aborts_generation_within_a_step_and_the_engine_serves_on(
+    engine, prompts
+):
+    """Issue 12 defect 7: a generation its caller had given up on ran to the end while
+    later calls waited. The engine is stepped here, the deadline checked between steps;
+    past it, the requests (n = 8 children each) are aborted."""
+    greedy = engine.generate(prompts, GREEDY).response_ids
+    assert engine.generate(prompts, GREEDY, deadline=time.time() + 60).response_ids == greedy
+    long = replace(
+        SAMPLED, max_new_tokens=150, responses_per_prompt=8, ignore_eos=True, return_log_probs=False
+    )
+    rows = prompts * 4
+    started = time.perf_counter()
+    assert len(engine.generate(rows, long).response_ids) == len(rows) * 8
+    full_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with pytest.raises(RpcError) as error:
+        engine.generate(rows, long, deadline=time.time() + full_s / 10)
+    stopped_s = time.perf_counter() - started
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert stopped_s < full_s / 2, (stopped_s, full_s)
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert engine.generate(prompts, GREEDY).response_ids == greedy
 
 
 def test_unsupported_head_size_is_refused_up_front(tiny_model_dir):

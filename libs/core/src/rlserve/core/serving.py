@@ -17,7 +17,10 @@ caller's deadline.
 - Deadlines: gRPC does not hand the caller's deadline through Serve's proxy, so rlserve
   clients also send it as metadata (`DEADLINE_METADATA_KEY`, absolute Unix time in
   seconds); `Deadline.check(stage)` raises DEADLINE_EXCEEDED between units of work once
-  it has passed.
+  it has passed. Controllers hand the plain Unix time (`Deadline.unix_s`) on to their
+  workers' generation and forward passes, which stop between micro-batches
+  (`until_deadline`) or tokens, so work nobody waits for any more does not hold the
+  worker: the RpcError they raise crosses Ray as itself.
 - Health: a deployment with workers passes HEALTH_CHECK_OPTIONS to @serve.deployment
   and defines `check_health` with `raise_if_unhealthy(problems)`: Serve replaces a
   replica whose check fails three times in a row (≈ 3 × HEALTH_CHECK_PERIOD_S), so a
@@ -34,7 +37,7 @@ caller's deadline.
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,6 +56,7 @@ DEADLINE_METADATA_KEY = "rlserve-deadline-unix-s"
 _MAX_DETAILS_WIRE_BYTES = 4096
 
 Response = TypeVar("Response")
+Item = TypeVar("Item")
 
 
 class RpcError(Exception):
@@ -129,10 +133,22 @@ class Deadline:
     def check(self, stage: str) -> None:
         """Raises DEADLINE_EXCEEDED when the caller's deadline has passed."""
         if self.remaining_s() <= 0:
-            raise RpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"caller's deadline passed during {stage}",
-            )
+            raise deadline_exceeded(stage)
+
+
+def deadline_exceeded(stage: str) -> RpcError:
+    """The DEADLINE_EXCEEDED every stage raises once the caller's deadline has passed."""
+    return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"caller's deadline passed during {stage}")
+
+
+def until_deadline(items: Iterable[Item], unix_s: float | None, stage: str) -> Iterator[Item]:
+    """`items` one by one, raising DEADLINE_EXCEEDED instead of the next one once the
+    deadline (absolute Unix seconds; None = none) has passed: a worker's loop over
+    micro-batches stops between them."""
+    deadline = Deadline(unix_s)
+    for item in items:
+        deadline.check(stage)
+        yield item
 
 
 def deadline_metadata(timeout_s: float) -> tuple[str, str]:

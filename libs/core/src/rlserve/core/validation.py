@@ -22,6 +22,23 @@ def require_rows(batch: Batch, max_rows: int, field: str = "batch") -> None:
         )
 
 
+def require_tokens(tokens: int, max_tokens: int | None, field: str, counted: str) -> None:
+    """At most max_tokens token positions (rows × sequence length) of work in one request
+    (None = no limit); `counted` says how the request's count was made.
+
+    The service's `max_request_tokens` setting: a small request can otherwise ask a
+    replica for more memory (KV cache, activations, the answer's tensors) and time than
+    it has.
+    """
+    if max_tokens is not None and tokens > max_tokens:
+        raise resource_exhausted(
+            field,
+            f"{counted} = {tokens:,} token positions exceed this service's limit of "
+            f"{max_tokens:,} (its max_request_tokens setting); split the request, or raise "
+            "max_request_tokens where the replica has the memory",
+        )
+
+
 def require_tensor(
     batch: Batch,
     key: str,
@@ -91,7 +108,13 @@ def require_non_tensor(batch: Batch, key: str, field: str = "batch") -> list:
     return batch.non_tensors[key]
 
 
-def require_sequences(batch: Batch, vocab_size: int, max_rows: int, field: str = "batch") -> Batch:
+def require_sequences(
+    batch: Batch,
+    vocab_size: int,
+    max_rows: int,
+    field: str = "batch",
+    max_tokens: int | None = None,
+) -> Batch:
     """input_ids, attention_mask [N, P+R], responses, response_mask [N, R], checked.
 
     The one sequence-layout rule every model service applies (rollout, critic,
@@ -99,9 +122,15 @@ def require_sequences(batch: Batch, vocab_size: int, max_rows: int, field: str =
     1, those positions are real tokens (attention_mask 1), and a prompt precedes them:
     at least one prompt column (P >= 1: the first response token is predicted from the
     position before it), with a real token in every row that has a response token.
-    Returns only these four tensors (ids and masks as int64) with the batch's meta.
+    At most `max_tokens` positions N × (P+R) (require_tokens). Returns only these four
+    tensors (ids and masks as int64) with the batch's meta.
     """
     require_rows(batch, max_rows, field)
+    input_ids = require_tensor(batch, "input_ids", _ID_DTYPES, 2, field)
+    rows, columns = input_ids.shape
+    require_tokens(
+        rows * columns, max_tokens, f"{field}.tensors['input_ids']", f"{rows} rows × {columns}"
+    )
     input_ids = require_token_ids(batch, "input_ids", vocab_size, field)
     attention_mask = require_mask(batch, "attention_mask", input_ids, "input_ids", field)
     responses = require_token_ids(batch, "responses", vocab_size, field)

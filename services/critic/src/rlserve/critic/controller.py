@@ -23,10 +23,13 @@ Choices:
   each rank receives only the rows its slices use. So N workers train what one worker
   would (see worker.py for the loss weighting), and rows must tile the mini-batches.
 - Deadlines: the caller's deadline bounds the wait for the lock and for the workers.
-  ComputeValues that runs out answers DEADLINE_EXCEEDED (the workers finish the call in
-  the background). An update, save or load is never cut in half: when the deadline
-  passes it keeps running to completion and the caller gets DEADLINE_EXCEEDED saying so;
-  calling UpdateCritic again with the same step returns its result.
+  ComputeValues that runs out answers DEADLINE_EXCEEDED, and the workers, handed the
+  same deadline, stop between forward micro-batches, so the next call does not queue
+  behind work nobody waits for. An update, save or load is never cut in half: when the
+  deadline passes it keeps running to completion and the caller gets DEADLINE_EXCEEDED
+  saying so; calling UpdateCritic again with the same step returns its result.
+- Request size: rows (max_batch_samples) and token positions (max_request_tokens, rows
+  × input_ids columns) are checked before any work.
 """
 
 import asyncio
@@ -34,7 +37,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
 import torch
 
 from rlserve.core.batch import Batch
@@ -45,7 +47,12 @@ from rlserve.core.checkpoint_paths import (
     require_load_dir,
     save_failed,
 )
-from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
+from rlserve.core.serving import (
+    Deadline,
+    deadline_exceeded,
+    failed_precondition,
+    invalid_argument,
+)
 from rlserve.core.steps import StepLedger
 from rlserve.core.training import DS_CHECKPOINT_TAG, UnsafeCheckpointError, minibatch_indices
 from rlserve.core.validation import require_sequences
@@ -99,10 +106,6 @@ def _timeout_s(deadline: Deadline) -> float | None:
     return None if remaining == float("inf") else max(0.0, remaining)
 
 
-def _deadline_error(stage: str) -> RpcError:
-    return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"caller's deadline passed during {stage}")
-
-
 class CriticController:
     """State (version, applied steps) and dispatch of one critic service."""
 
@@ -153,7 +156,7 @@ class CriticController:
         try:
             await asyncio.wait_for(self._lock.acquire(), _timeout_s(deadline))
         except TimeoutError:
-            raise _deadline_error(f"{stage} (waiting for an earlier call)") from None
+            raise deadline_exceeded(f"{stage} (waiting for an earlier call)") from None
 
         async def locked() -> T:
             try:
@@ -170,8 +173,8 @@ class CriticController:
             )
         except TimeoutError:
             if atomic:
-                raise _deadline_error(f"{stage}; it continues and will complete") from None
-            raise _deadline_error(stage) from None
+                raise deadline_exceeded(f"{stage}; it continues and will complete") from None
+            raise deadline_exceeded(stage) from None
 
     # ---- ComputeValues ------------------------------------------------------------------
 
@@ -181,12 +184,17 @@ class CriticController:
         """values [N, R] (meta.weights_version = the version used) and timing metrics."""
         deadline.check("ComputeValues")
         vocab_size = (await self.worker_infos())[0]["vocab_size"]
-        clean = require_sequences(batch, vocab_size, self.config.max_batch_samples)
+        clean = require_sequences(
+            batch,
+            vocab_size,
+            self.config.max_batch_samples,
+            max_tokens=self.config.max_request_tokens,
+        )
 
         async def work() -> tuple[Batch, dict[str, float]]:
             self._check_usable()
             start = time.perf_counter()
-            values = await self.group.run_split("compute_values", clean)
+            values = await self.group.run_split("compute_values", clean, deadline=deadline.unix_s)
             metrics = {
                 "forward_s": time.perf_counter() - start,
                 "tokens": float(clean.tensors["response_mask"].sum()),
@@ -214,7 +222,11 @@ class CriticController:
                 return metrics, version, True
             self._check_usable()
             clean = update_batch(
-                batch, vocab_size, self.config.max_batch_samples, self.config.ppo_mini_batch_samples
+                batch,
+                vocab_size,
+                self.config.max_batch_samples,
+                self.config.ppo_mini_batch_samples,
+                self.config.max_request_tokens,
             )
             try:
                 metrics = await self._train(step, clean)

@@ -31,9 +31,15 @@ def _response_floats(batch: Batch, key: str, like: torch.Tensor) -> torch.Tensor
     return require_finite(tensor, key).float()
 
 
-def update_batch(batch: Batch, vocab_size: int, max_rows: int, mini_batch_samples: int) -> Batch:
+def update_batch(
+    batch: Batch,
+    vocab_size: int,
+    max_rows: int,
+    mini_batch_samples: int,
+    max_tokens: int | None = None,
+) -> Batch:
     """A sequence batch plus values and returns [N, R]; rows tile the mini-batches."""
-    sequences = require_sequences(batch, vocab_size, max_rows)
+    sequences = require_sequences(batch, vocab_size, max_rows, max_tokens=max_tokens)
     rows = len(sequences)
     if rows % mini_batch_samples:
         raise invalid_argument(

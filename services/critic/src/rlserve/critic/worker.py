@@ -29,6 +29,7 @@ from rlserve.core.batch import Batch
 from rlserve.core.devices import resolve_device
 from rlserve.core.ppo_math import value_loss
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
+from rlserve.core.serving import until_deadline
 from rlserve.core.training import (
     build_training_engine,
     check_training_checkpoint,
@@ -134,14 +135,15 @@ class CriticWorker:
         return torch.nn.functional.pad(kept_values, (0, response_mask.shape[1] - kept))
 
     @torch.no_grad()
-    def compute_values(self, batch: Batch) -> Batch:
-        """values [n, R] float32 for a sequence batch, in forward micro-batches."""
+    def compute_values(self, batch: Batch, deadline: float | None = None) -> Batch:
+        """values [n, R] float32 for a sequence batch, in forward micro-batches; raises
+        DEADLINE_EXCEEDED between them once `deadline` (Unix seconds) has passed."""
         self.engine.eval()
         chunks = []
         micro_batches = forward_micro_batches(
             batch, self.forward_micro_batch_samples, self.forward_max_tokens
         )
-        for micro in micro_batches:
+        for micro in until_deadline(micro_batches, deadline, "ComputeValues"):
             with tracing.span("critic.forward", batch_size=len(micro)):
                 chunks.append(self._values(micro).cpu())
         response_len = batch.tensors["responses"].shape[1]

@@ -26,6 +26,7 @@ from rlserve.core.response_scoring import (
     forward_micro_batches,
     score_responses,
 )
+from rlserve.core.serving import until_deadline
 from rlserve.core.workers import distributed_address, init_process_group
 
 
@@ -74,17 +75,21 @@ class ReferenceWorker:
         }
 
     @torch.no_grad()
-    def compute_ref_log_prob(self, batch: Batch, temperature: float = 1.0) -> Batch:
+    def compute_ref_log_prob(
+        self, batch: Batch, temperature: float = 1.0, deadline: float | None = None
+    ) -> Batch:
         """ref_log_probs [n, R] float32 (0 outside response_mask), in micro-batches.
 
         Log-probs are taken under softmax(logits / temperature), as the rollout sampled.
+        Raises DEADLINE_EXCEEDED between micro-batches once `deadline` (Unix seconds) has
+        passed.
         """
         response_len = batch.tensors["responses"].shape[1]
         chunks = []
         micro_batches = forward_micro_batches(
             batch, self.micro_batch_samples, self.forward_max_tokens
         )
-        for micro in micro_batches:
+        for micro in until_deadline(micro_batches, deadline, "ComputeRefLogProb"):
             micro = micro.to(self.device)
             with tracing.span("reference.forward", batch_size=len(micro)):
                 scores = score_responses(

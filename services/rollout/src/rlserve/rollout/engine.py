@@ -30,9 +30,13 @@ It owns what is service-wide rather than per rank:
   nothing, so a missing, corrupt or code-carrying checkpoint leaves the service as it
   was (FAILED_PRECONDITION); only a failure inside the load itself marks it broken.
 - **Deadlines.** Every call to the workers has a timeout: the caller's deadline (when
-  sooner) or `worker_call_timeout_s`. Updates and checkpoints check the caller's deadline
-  before they start but then run to completion, since stopping half-way would leave
-  ranks out of step.
+  sooner) or `worker_call_timeout_s`. Generation and log-probs also hand the deadline to
+  the workers, which stop between tokens and micro-batches once it has passed, so an
+  abandoned request does not keep the workers busy (and growing) while later calls
+  queue behind it. Updates and checkpoints check the caller's deadline before they start
+  but then run to completion, since stopping half-way would leave ranks out of step.
+- **Request size.** `max_batch_samples` bounds the rows a request carries or makes and
+  `max_request_tokens` its token positions (rows × sequence length), before any work.
 
 `workers` is a `rlserve.core.workers.WorkerGroup` of ActorWorkers in the service, or a
 `LocalWorkers` (below) holding one in-process ActorWorker in unit tests.
@@ -151,6 +155,7 @@ class ControllerSettings:
     max_positions: int
     max_batch_samples: int
     max_new_tokens_limit: int
+    max_request_tokens: int
     ppo_epochs: int
     ppo_mini_batch_samples: int
     use_kl_loss: bool
@@ -211,6 +216,7 @@ class RolloutController:
             sampling.max_new_tokens,
             sampling.responses_per_prompt,
             settings.max_batch_samples,
+            settings.max_request_tokens,
         )
         # uid = index of the source prompt, set before the split so it is global.
         work = Batch(
@@ -223,7 +229,9 @@ class RolloutController:
             deadline.check("GenerateSequences")
             start = time.perf_counter()
             result = await self._call(
-                self.workers.run_split("generate", work, sampling=sampling),
+                self.workers.run_split(
+                    "generate", work, sampling=sampling, deadline=deadline.unix_s
+                ),
                 deadline,
                 "GenerateSequences",
             )
@@ -249,7 +257,9 @@ class RolloutController:
     ) -> tuple[Batch, dict[str, float]]:
         """log_probs [N, R] (+ entropy) under the current weights."""
         settings = self.settings
-        batch = check_sequences(batch, settings.vocab_size, settings.max_batch_samples)
+        batch = check_sequences(
+            batch, settings.vocab_size, settings.max_batch_samples, settings.max_request_tokens
+        )
         temperature = _temperature(batch, settings.temperature)
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
         async with self._lock:
@@ -263,6 +273,7 @@ class RolloutController:
                     work,
                     temperature=temperature,
                     return_entropy=return_entropy,
+                    deadline=deadline.unix_s,
                 ),
                 deadline,
                 "ComputeLogProb",
@@ -290,13 +301,17 @@ class RolloutController:
                 "serve_reference: true, or call the reference service",
             )
         settings = self.settings
-        batch = check_sequences(batch, settings.vocab_size, settings.max_batch_samples)
+        batch = check_sequences(
+            batch, settings.vocab_size, settings.max_batch_samples, settings.max_request_tokens
+        )
         temperature = _temperature(batch, settings.temperature)
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
         deadline.check("ComputeRefLogProb")
         start = time.perf_counter()
         result = await self._call(
-            self.workers.run_split("compute_ref_log_prob", work, temperature=temperature),
+            self.workers.run_split(
+                "compute_ref_log_prob", work, temperature=temperature, deadline=deadline.unix_s
+            ),
             deadline,
             "ComputeRefLogProb",
         )
@@ -342,7 +357,11 @@ class RolloutController:
                 return UpdateResult(stored.metrics, stored.weights_version, replayed=True)
             self._check_version("weights_version", weights_version)
             batch = check_update_batch(
-                batch, settings.vocab_size, settings.max_batch_samples, settings.use_kl_loss
+                batch,
+                settings.vocab_size,
+                settings.max_batch_samples,
+                settings.use_kl_loss,
+                settings.max_request_tokens,
             )
             per_rank = self._plan_update(batch, step)
             temperature = _temperature(batch, settings.temperature)
@@ -584,6 +603,7 @@ def controller_settings(
         max_positions=max_positions,
         max_batch_samples=config.max_batch_samples,
         max_new_tokens_limit=config.max_new_tokens_limit,
+        max_request_tokens=config.max_request_tokens,
         ppo_epochs=config.ppo_epochs,
         ppo_mini_batch_samples=config.ppo_mini_batch_samples,
         use_kl_loss=config.use_kl_loss,

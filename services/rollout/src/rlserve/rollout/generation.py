@@ -49,8 +49,16 @@ class GenerationEngine(Protocol):
     name: str
     """'hf' or 'vllm'."""
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
-        """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingSettings,
+        deadline: float | None = None,
+    ) -> Generated:
+        """Samples sampling.responses_per_prompt responses for each prompt (no padding).
+
+        Once `deadline` (absolute Unix seconds; None = none) has passed, stops between
+        tokens and raises DEADLINE_EXCEEDED (rlserve.core.serving.deadline_exceeded)."""
         ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

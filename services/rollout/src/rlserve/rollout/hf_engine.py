@@ -18,17 +18,38 @@ Choices:
   ComputeLogProb computes from a full forward pass, so the two agree (≈ 1e-6 in fp32).
 - A response ends with the first EOS when the request stops at EOS; after a row finishes,
   transformers fills it with the pad id, which is cut off here.
+- Deadline: a stopping criterion ends every row once the caller's deadline has passed
+  (checked after each token step), and `generate` then raises DEADLINE_EXCEEDED instead
+  of returning the cut responses. The prompts' prefill is one forward pass and is not
+  interrupted.
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
+from rlserve.core.serving import Deadline, deadline_exceeded
 from rlserve.rollout.generation import Generated, SamplingSettings
+
+
+class DeadlineStop(StoppingCriteria):
+    """Stops every row once `deadline` (absolute Unix seconds) has passed; `passed`
+    then tells the caller to raise instead of returning the cut responses."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.passed = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.passed = self.passed or time.time() > self.deadline
+        return torch.full(
+            (input_ids.shape[0],), self.passed, dtype=torch.bool, device=input_ids.device
+        )
 
 
 class HFGenerationEngine:
@@ -59,8 +80,15 @@ class HFGenerationEngine:
         self.neutral_generation_config = GenerationConfig(pad_token_id=self.pad_token_id)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
-        """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingSettings,
+        deadline: float | None = None,
+    ) -> Generated:
+        """Samples sampling.responses_per_prompt responses for each prompt (no padding);
+        DEADLINE_EXCEEDED within a token step once `deadline` (Unix seconds) passes."""
+        Deadline(deadline).check("GenerateSequences")
         if not prompt_ids:
             return Generated(response_ids=[], log_probs=[] if sampling.return_log_probs else None)
         n = sampling.responses_per_prompt
@@ -81,6 +109,7 @@ class HFGenerationEngine:
             output_logits=sampling.return_log_probs,
             use_cache=True,
         )
+        stop = None if deadline is None else DeadlineStop(deadline)
         cuda_devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with (
             self._inference_mode(),
@@ -92,7 +121,10 @@ class HFGenerationEngine:
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
+                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
             )
+        if stop is not None and stop.passed:
+            raise deadline_exceeded("GenerateSequences")
         new_tokens = output.sequences[:, input_ids.shape[1] :]
         host_tokens = new_tokens.cpu()
         lengths = self._response_lengths(host_tokens, stop_at_eos=not sampling.ignore_eos)

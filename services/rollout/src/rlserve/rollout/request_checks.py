@@ -1,7 +1,7 @@
 """Checks of rollout requests, before any work: each failure names the field.
 
 Built on rlserve.core.validation (ids within the vocabulary, masks shaped like their ids
-and holding 0/1, finite floats, row limits). The rollout-specific rules on top:
+and holding 0/1, finite floats, row and token limits). The rollout-specific rules on top:
 
 - prompts are left-padded: each attention_mask row is zeros then ones, with at least
   one real token, so a prompt ends exactly where generation starts;
@@ -29,6 +29,7 @@ from rlserve.core.validation import (
     require_sequences,
     require_tensor,
     require_token_ids,
+    require_tokens,
 )
 from rlserve.rollout.generation import SamplingSettings
 
@@ -74,17 +75,32 @@ def check_prompts(
     max_new_tokens: int,
     responses_per_prompt: int,
     max_batch_samples: int,
+    max_request_tokens: int | None = None,
     field: str = "prompts",
 ) -> Batch:
-    """Left-padded prompts; returns them with int64 input_ids / attention_mask."""
+    """Left-padded prompts; returns them with int64 input_ids / attention_mask.
+
+    The batch the request makes, prompts × responses_per_prompt rows of (prompt columns
+    + max_new_tokens) positions, must fit max_batch_samples rows and max_request_tokens
+    positions: a request of a few bytes can otherwise ask for gigabytes of KV cache.
+    """
     require_rows(prompts, max_batch_samples, field)
-    if len(prompts) * responses_per_prompt > max_batch_samples:
+    samples = len(prompts) * responses_per_prompt
+    if samples > max_batch_samples:
         raise resource_exhausted(
             f"{field}, sampling.responses_per_prompt",
             f"{len(prompts)} prompts × {responses_per_prompt} responses exceed this "
             f"service's limit of {max_batch_samples} samples per request; split it",
         )
     input_ids = require_token_ids(prompts, "input_ids", vocab_size, field)
+    columns = input_ids.shape[1]
+    require_tokens(
+        samples * (columns + max_new_tokens),
+        max_request_tokens,
+        f"{field}, sampling.responses_per_prompt, sampling.max_new_tokens",
+        f"{len(prompts)} prompts × {responses_per_prompt} responses × ({columns} prompt "
+        f"columns + {max_new_tokens} new tokens)",
+    )
     mask = require_mask(prompts, "attention_mask", input_ids, "input_ids", field)
     mask_name = f"{field}.tensors['attention_mask']"
     # Left padding: once a row turns 1 it stays 1, i.e. the mask never decreases.
@@ -108,11 +124,15 @@ def check_prompts(
 
 
 def check_sequences(
-    batch: Batch, vocab_size: int, max_batch_samples: int, field: str = "batch"
+    batch: Batch,
+    vocab_size: int,
+    max_batch_samples: int,
+    max_request_tokens: int | None = None,
+    field: str = "batch",
 ) -> Batch:
     """prompt ‖ response sequences (rlserve.core.validation.require_sequences, the rule
     critic and reference apply too); returns the batch with int64 ids and masks."""
-    sequences = require_sequences(batch, vocab_size, max_batch_samples, field)
+    sequences = require_sequences(batch, vocab_size, max_batch_samples, field, max_request_tokens)
     return _with_tensors(batch, **sequences.tensors)
 
 
@@ -121,10 +141,11 @@ def check_update_batch(
     vocab_size: int,
     max_batch_samples: int,
     need_ref_log_probs: bool,
+    max_request_tokens: int | None = None,
     field: str = "batch",
 ) -> Batch:
     """Sequences plus old_log_probs, advantages (and ref_log_probs), as float32."""
-    batch = check_sequences(batch, vocab_size, max_batch_samples, field)
+    batch = check_sequences(batch, vocab_size, max_batch_samples, max_request_tokens, field)
     responses, response_mask = batch["responses"], batch["response_mask"]
     if not bool(response_mask.any(dim=1).all()):
         row = int((~response_mask.any(dim=1)).nonzero()[0])

@@ -35,6 +35,13 @@ Choices:
   tokens each on CPU, so only prompts that long benefit); the cache is reset after each
   weight load, because cached blocks hold keys/values computed with the old weights.
 - Greedy with n > 1: vLLM refuses it, so one greedy response is generated and repeated.
+- Deadline: `generate` queues its requests (`LLM.enqueue`) and steps the engine itself,
+  as `LLM.generate` does (`llm_engine.step()` until nothing is unfinished), checking the
+  caller's deadline between steps; once it has passed, the requests are aborted (their
+  KV blocks freed) and DEADLINE_EXCEEDED is raised. One step decodes a token for every
+  running request (or prefills a chunk of prompts), so the engine stops within a step.
+  What it does not stop: a step in progress, and the weight sync (`load_weights`),
+  which belongs to an update and is atomic.
 - Side effects contained: building a vLLM engine in-process reseeds the global
   random/numpy/torch RNGs, sets torch to 1 thread and replaces `torch.set_num_threads`
   with a no-op (it expects its own thread binding). The worker also trains in this
@@ -56,6 +63,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,6 +72,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlserve.core.serving import Deadline, deadline_exceeded
 from rlserve.core.vllm_config import VllmConfig
 from rlserve.rollout.generation import Generated, SamplingSettings
 
@@ -76,7 +85,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from vllm import LLM, SamplingParams  # after the environment above
+from vllm import LLM, RequestOutput, SamplingParams  # after the environment above
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 
@@ -169,8 +178,15 @@ class VLLMGenerationEngine:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep; call wake_up() first")
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> Generated:
-        """Samples sampling.responses_per_prompt responses for each prompt (no padding)."""
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingSettings,
+        deadline: float | None = None,
+    ) -> Generated:
+        """Samples sampling.responses_per_prompt responses for each prompt (no padding);
+        DEADLINE_EXCEEDED within an engine step once `deadline` (Unix seconds) passes."""
+        Deadline(deadline).check("GenerateSequences")
         self._require_awake()
         if not prompt_ids:
             return Generated(response_ids=[], log_probs=[] if sampling.return_log_probs else None)
@@ -188,10 +204,10 @@ class VLLMGenerationEngine:
         copies = n if sampling.temperature == 0 else 1
         params = [vllm_sampling_params(sampling, row) for row in range(len(prompt_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self._run(self.llm.enqueue(prompts, params, use_tqdm=False), deadline)
         response_ids: list[list[int]] = []
         log_probs: list[list[float]] | None = [] if sampling.return_log_probs else None
-        # LLM.generate returns requests in prompt order; a request's n completions carry
+        # _run returns requests in prompt order; a request's n completions carry
         # their sample index, so sorting by it gives the prompt-major layout.
         for output in outputs:
             completions = sorted(output.outputs, key=lambda c: c.index) * copies
@@ -208,6 +224,22 @@ class VLLMGenerationEngine:
                         [step[t].logprob for step, t in zip(steps, tokens, strict=True)]
                     )
         return Generated(response_ids=response_ids, log_probs=log_probs)
+
+    def _run(self, request_ids: list[str], deadline: float | None) -> list[RequestOutput]:
+        """Steps the engine until the queued requests finish (LLM.generate's own loop),
+        checking `deadline` between steps; a failure or a passed deadline aborts them.
+        Outputs come in request order."""
+        engine = self.llm.llm_engine
+        finished: list[RequestOutput] = []
+        try:
+            while engine.has_unfinished_requests():
+                if deadline is not None and time.time() > deadline:
+                    raise deadline_exceeded("GenerateSequences")
+                finished.extend(output for output in engine.step() if output.finished)
+        except BaseException:
+            engine.abort_request(request_ids, internal=True)
+            raise
+        return sorted(finished, key=lambda output: int(output.request_id))
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replaces the engine's weights with the actor's (HF parameter names)."""

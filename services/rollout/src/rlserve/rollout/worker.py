@@ -13,6 +13,12 @@ tokens only and in chunks (rlserve.core.response_scoring). Models and micro-batc
 on the rank's device (rlserve.core.devices); results go back to the CPU for the service
 boundary.
 
+Deadlines: generation and log-prob calls take the caller's deadline (absolute Unix
+seconds, or None) and raise DEADLINE_EXCEEDED once it has passed: generation between
+tokens (the engine), log-probs between micro-batches. So a request its caller gave up on
+frees the worker within one token step or micro-batch instead of running on while the
+next call queues behind it. Updates take none: they are atomic (see the controller).
+
 The worker does not shuffle: the controller sends each rank its rows already in training
 order (epochs and mini-batches planned once, globally), and the rank walks them in
 mini-batches of its share and micro-batches of `micro_batch_samples`. So the same request
@@ -46,6 +52,7 @@ from rlserve.core.response_scoring import (
     forward_micro_batches,
     score_responses,
 )
+from rlserve.core.serving import Deadline, until_deadline
 from rlserve.core.training import (
     build_training_engine,
     check_training_checkpoint,
@@ -61,6 +68,8 @@ from rlserve.rollout.generation import GenerationEngine, SamplingSettings
 MODEL_SUBDIR = "model"
 ADAPTER_SUBDIR = "adapter"
 DEEPSPEED_SUBDIR = "deepspeed"
+# The span of each forward micro-batch, by the RPC it serves.
+FORWARD_SPANS = {"ComputeLogProb": "rollout.forward", "ComputeRefLogProb": "reference.forward"}
 
 
 def make_generation_engine(
@@ -298,13 +307,17 @@ class ActorWorker:
 
     # ---- generation -----------------------------------------------------------------
 
-    def generate(self, prompts: Batch, sampling: SamplingSettings) -> Batch:
+    def generate(
+        self, prompts: Batch, sampling: SamplingSettings, deadline: float | None = None
+    ) -> Batch:
         """Samples responses for left-padded prompts (input_ids, attention_mask).
 
         Returns N = rows × n rows (responses of a prompt adjacent): prompts, responses,
         response_mask, input_ids, attention_mask (+ rollout_log_probs), and the prompt
-        non-tensors repeated plus response_text. Meta is left to the caller.
+        non-tensors repeated plus response_text. Meta is left to the caller. Raises
+        DEADLINE_EXCEEDED once `deadline` (Unix seconds) passes, between tokens.
         """
+        Deadline(deadline).check("GenerateSequences")
         if sampling.seed is not None and self.rank:
             # Ranks hold different prompts; distinct seeds keep their noise independent.
             sampling = dataclasses.replace(sampling, seed=sampling.seed + self.rank)
@@ -317,7 +330,7 @@ class ActorWorker:
         with tracing.span(
             "rollout.generate", batch_size=len(prompt_ids), engine=self.engine_name
         ) as span:
-            generated = self.generation.generate(prompt_ids, sampling)
+            generated = self.generation.generate(prompt_ids, sampling, deadline)
             if span.is_recording():
                 span.set_attribute("rlserve.tokens", sum(map(len, generated.response_ids)))
         n, width = sampling.responses_per_prompt, sampling.max_new_tokens
@@ -348,41 +361,57 @@ class ActorWorker:
 
     @torch.no_grad()
     def compute_log_prob(
-        self, batch: Batch, temperature: float = 1.0, return_entropy: bool = False
+        self,
+        batch: Batch,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
+        deadline: float | None = None,
     ) -> Batch:
-        """log_probs [N, R] (and entropy [N, R]) of the responses, 0 outside response_mask."""
+        """log_probs [N, R] (and entropy [N, R]) of the responses, 0 outside response_mask.
+        Raises DEADLINE_EXCEEDED once `deadline` passes, between micro-batches."""
         self.engine.eval()
-        return self._score(self.engine, "rollout.forward", batch, temperature, return_entropy)
+        return self._score(
+            self.engine, "ComputeLogProb", batch, temperature, return_entropy, deadline
+        )
 
     @torch.no_grad()
-    def compute_ref_log_prob(self, batch: Batch, temperature: float = 1.0) -> Batch:
+    def compute_ref_log_prob(
+        self, batch: Batch, temperature: float = 1.0, deadline: float | None = None
+    ) -> Batch:
         """ref_log_probs [N, R] under the frozen initial weights (serve_reference): the
-        frozen copy, or for a LoRA actor the same module with its adapters disabled."""
+        frozen copy, or for a LoRA actor the same module with its adapters disabled.
+        Raises DEADLINE_EXCEEDED once `deadline` passes, between micro-batches."""
         if not self.serve_reference:
             raise RuntimeError("this worker holds no reference weights (serve_reference is off)")
         if self.lora is not None:
             self.engine.eval()
             with adapters_disabled(self.engine.module):
-                scored = self._score(self.engine, "reference.forward", batch, temperature, False)
+                scored = self._score(
+                    self.engine, "ComputeRefLogProb", batch, temperature, False, deadline
+                )
         else:
-            scored = self._score(self.reference, "reference.forward", batch, temperature, False)
+            scored = self._score(
+                self.reference, "ComputeRefLogProb", batch, temperature, False, deadline
+            )
         return Batch(tensors={"ref_log_probs": scored["log_probs"]})
 
     def _score(
         self,
         model: torch.nn.Module,
-        span_name: str,
+        rpc: str,
         batch: Batch,
         temperature: float,
         return_entropy: bool,
+        deadline: float | None,
     ) -> Batch:
+        """Log-probs in micro-batches; `rpc` names the call (its span and its deadline)."""
         log_probs, entropies = [], []
         micro_batches = forward_micro_batches(
             batch, self.logprob_micro_batch_samples, self.forward_max_tokens
         )
-        for micro in micro_batches:
+        for micro in until_deadline(micro_batches, deadline, rpc):
             micro = micro.to(self.device)
-            with tracing.span(span_name, batch_size=len(micro)):
+            with tracing.span(FORWARD_SPANS[rpc], batch_size=len(micro)):
                 scores = score_responses(
                     model,
                     micro["input_ids"],
