@@ -117,7 +117,12 @@ def test_rollout_service_rejects_an_unknown_policy_loss_naming_the_choices():
 
 
 def test_long_responses_raise_the_rollout_limit():
-    config = _config(rollout={"max_new_tokens": 3000}, data={"max_prompt_tokens": 64})
+    config = _config(
+        rollout={"max_new_tokens": 3000, "max_request_tokens": 2_000_000},
+        critic={"max_request_tokens": 1_000_000},
+        reference={"max_request_tokens": 1_000_000},
+        data={"max_prompt_tokens": 64},
+    )
     rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])
     assert rollout.max_new_tokens_limit == 3000
 

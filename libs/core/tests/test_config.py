@@ -348,6 +348,35 @@ def test_workers_must_split_the_mini_batch_evenly():
     assert "equal share" in str(err)
 
 
+def test_requests_over_a_services_max_request_tokens_are_refused_before_any_cluster():
+    """Issue 12 defect 7: the services refuse requests over max_request_tokens; a run
+    whose own requests they would refuse fails here, naming each field and the fix."""
+    # PPO: 256 samples × (64 + 4) = 17,408 positions (evaluation: 500 × 68); GRPO: 512 × 68
+    assert load().rollout.max_request_tokens == 262_144
+    assert load(path=GRPO).samples_per_step * (64 + 4) < 262_144
+    # four responses per prompt at the default 256 prompts still fit
+    assert load("rollout.responses_per_prompt=4").samples_per_step * (64 + 4) == 69_632
+    err = error_of("rollout.max_new_tokens=1000")  # 1064 positions per sequence
+    assert err.paths == (
+        "rollout.max_request_tokens",
+        "critic.max_request_tokens",
+        "reference.max_request_tokens",
+    )
+    assert "500 rows from rollout.eval_prompts (evaluation)" in str(err)
+    assert "raise it to at least 532000" in str(err)  # 500 × 1064
+    assert "raise it to at least 272384" in str(err)  # 256 × 1064
+    raised = load(
+        "rollout.max_new_tokens=1000",
+        "rollout.max_request_tokens=532000",
+        "critic.max_request_tokens=272384",
+        "reference.max_request_tokens=272384",
+    )
+    assert raised.rollout.max_request_tokens == 532_000
+    # no evaluation set: only the step counts for the rollout
+    err = error_of("rollout.max_new_tokens=1000", "data.train_path=t.jsonl")
+    assert "at least 272384" in str(err) and "eval_prompts" not in str(err)
+
+
 def test_group_estimators_need_several_responses():
     for estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
         err = error_of(f"algorithm.adv_estimator={estimator}")

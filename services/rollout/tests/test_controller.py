@@ -188,9 +188,9 @@ def test_requests_over_max_request_tokens_are_refused_before_any_work(service):
     assert error.message.startswith(
         "prompts, sampling.responses_per_prompt, sampling.max_new_tokens: 1 prompts × 4096 "
         "responses × (6 prompt columns + 120 new tokens) = 516,096 token positions exceed "
-        "this service's limit of 65,536 (its max_request_tokens setting); split the request"
+        "this service's limit of 262,144 (its max_request_tokens setting); split the request"
     ), error.message
-    ids = torch.ones(4096, 17, dtype=torch.long)  # 69,632 positions
+    ids = torch.ones(4096, 65, dtype=torch.long)  # 266,240 positions
     wide = Batch(
         {
             "input_ids": ids,
@@ -205,7 +205,7 @@ def test_requests_over_max_request_tokens_are_refused_before_any_work(service):
         error = rpc_error(lambda call=call: call(wide))
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error.message.startswith(
-            "batch.tensors['input_ids']: 4096 rows × 17 = 69,632 token positions exceed"
+            "batch.tensors['input_ids']: 4096 rows × 65 = 266,240 token positions exceed"
         ), error.message
 
 

@@ -81,6 +81,20 @@ def test_no_placement_section_leaves_every_service_to_ray():
     assert not any("placement" in args for args in apps.values())
 
 
+def test_request_limits_reach_the_services():
+    config = validate_config(
+        RunConfig,
+        {
+            "rollout": {"max_request_tokens": 100_000},
+            "critic": {"max_request_tokens": 90_000},
+            "reference": {"max_request_tokens": 80_000},
+        },
+    )
+    apps = service_args(config, "/m")
+    limits = {role: apps[role]["max_request_tokens"] for role in ("rollout", "critic", "reference")}
+    assert limits == {"rollout": 100_000, "critic": 90_000, "reference": 80_000}
+
+
 def test_reward_scaling_reaches_the_service():
     auto = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2}
     apps = service_args(_config(reward={"autoscaling": auto}), "/m")

@@ -266,6 +266,11 @@ class RolloutConfig(ConfigModel):
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one rollout-service request may carry or produce (prompts × responses);
     larger requests are refused. Must hold a whole step's samples."""
+    max_request_tokens: int = Field(262_144, ge=1)
+    """Most token positions one rollout-service request may carry or produce (rows ×
+    (prompt + response) columns; the service's setting of the same name says why and
+    how it is sized). Must hold a whole step's and an evaluation's: samples ×
+    (data.max_prompt_tokens + rollout.max_new_tokens)."""
 
     @field_validator("top_k")
     @classmethod
@@ -434,6 +439,9 @@ class CriticConfig(ConfigModel):
     sum/mean then mean over sequences."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one critic request may carry; must hold a whole step's samples."""
+    max_request_tokens: int = Field(262_144, ge=1)
+    """Most token positions (rows × (prompt + response) columns) one critic request may
+    carry; must hold a whole step's."""
 
 
 class ReferenceConfig(ConfigModel):
@@ -455,6 +463,9 @@ class ReferenceConfig(ConfigModel):
     floats)."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one reference request may carry; must hold a whole step's samples."""
+    max_request_tokens: int = Field(262_144, ge=1)
+    """Most token positions (rows × (prompt + response) columns) one reference request
+    may carry; must hold a whole step's."""
 
 
 # --- algorithm --------------------------------------------------------------------------
@@ -763,6 +774,13 @@ class TrainerConfig(ConfigModel):
     """Deadline of each call to a service, in seconds."""
     rpc_retries: int = Field(2, ge=0)
     """Retries of a call that failed with a retryable status (0 = try once)."""
+    max_recoveries: int = Field(3, ge=0)
+    """Times a run may recover from a service that died or came back with fresh state
+    (wait until every service answers, restore all of them and the trainer from the last
+    checkpoint, replay the steps since); 0 = fail at the first such error. With recovery
+    on, a checkpoint is also written before step 1, so there is always one to return to."""
+    recovery_timeout_s: float = Field(300.0, gt=0)
+    """Longest wait, per recovery, for every service to answer again."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """Span export to an OTLP backend."""
     control_port: int | None = Field(0, ge=0, le=65535)
@@ -866,6 +884,7 @@ class RunConfig(ConfigModel):
                     )
                 )
         issues += self._request_size_issues()
+        issues += self._request_token_issues()
         issues += self._vllm_context_issues()
         if issues:
             raise ConfigError(issues)
@@ -904,6 +923,39 @@ class RunConfig(ConfigModel):
             for field, limit in limits.items()
             if limit < samples
         ]
+
+    def _request_token_issues(self) -> list[tuple[str, str]]:
+        """Each service's max_request_tokens must hold the run's largest request to it:
+        a step's samples (and, for the rollout, an evaluation's prompts) × the longest
+        sequence, data.max_prompt_tokens + rollout.max_new_tokens."""
+        sequence = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        step = self.samples_per_step
+        evaluates = self.data.eval_path is not None or self.data.train_path is None
+        rollout_rows = max(step, self.rollout.eval_prompts if evaluates else 0)
+        needs = {"rollout.max_request_tokens": (self.rollout.max_request_tokens, rollout_rows)}
+        if self.needs_critic:
+            needs["critic.max_request_tokens"] = (self.critic.max_request_tokens, step)
+        if self.needs_reference and not self.placement.reference_in_rollout:
+            needs["reference.max_request_tokens"] = (self.reference.max_request_tokens, step)
+        issues = []
+        for field, (limit, rows) in needs.items():
+            if limit < rows * sequence:
+                what = (
+                    "rollout.eval_prompts (evaluation)"
+                    if rows > step
+                    else "trainer.prompts_per_step × rollout.responses_per_prompt"
+                )
+                issues.append(
+                    (
+                        field,
+                        f"{limit:,} is below the {rows * sequence:,} token positions of the "
+                        f"run's requests ({rows} rows from {what} × (data.max_prompt_tokens "
+                        f"{self.data.max_prompt_tokens} + rollout.max_new_tokens "
+                        f"{self.rollout.max_new_tokens})); raise it to at least "
+                        f"{rows * sequence}, where the workers have the memory",
+                    )
+                )
+        return issues
 
     def _batch_issues(
         self, role: str, section: ActorConfig | CriticConfig

@@ -38,7 +38,7 @@ class ReferenceServiceConfig(ConfigModel):
     in it), so a few long sequences make a small micro-batch; None = by sample count only."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED)."""
-    max_request_tokens: int = Field(65_536, ge=1)
+    max_request_tokens: int = Field(262_144, ge=1)
     """Most token positions one request may carry: rows × input_ids columns (prompt +
     response); larger requests get RESOURCE_EXHAUSTED naming this setting. Sized like the
     rollout's limit of the same name, to a worker's memory: the default runs send 17,408

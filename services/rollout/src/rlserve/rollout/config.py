@@ -131,18 +131,19 @@ class RolloutServiceConfig(ConfigModel):
     larger requests get RESOURCE_EXHAUSTED."""
     max_new_tokens_limit: int = Field(1024, ge=1)
     """Largest sampling.max_new_tokens a GenerateSequences request may ask for."""
-    max_request_tokens: int = Field(65_536, ge=1)
+    max_request_tokens: int = Field(262_144, ge=1)
     """Most token positions one request may carry or produce (rows × sequence length);
     larger requests get RESOURCE_EXHAUSTED naming this setting. GenerateSequences counts
     prompts × responses_per_prompt × (prompt columns + max_new_tokens), the batch it
     returns, which is also what the 'hf' engine's KV cache holds; ComputeLogProb,
     ComputeRefLogProb and UpdateActor count rows × input_ids columns. A request of a few
     hundred bytes (1 prompt × 4096 responses × 120 tokens) would otherwise ask a worker
-    for gigabytes. Sized to a worker's memory: 65,536 positions of KV cache take 0.25 GiB
-    with the embedded tiny model (4 KiB per position), 2.8 GiB with SmolLM2-135M in
+    for gigabytes. Sized to a worker's memory: 262,144 positions of KV cache take 1 GiB
+    with the embedded tiny model (4 KiB per position), 11 GiB with SmolLM2-135M in
     float32 (45 KiB: 30 layers × 3 KV heads × 64 dims × 2 × 4 bytes), while the default
-    runs ask for 17,408 (PPO: 256 × 1 × (64 + 4)) and 34,816 (GRPO: 64 × 8 × 68). Raise
-    it for larger steps where the workers have the memory."""
+    runs ask for 17,408 (PPO: 256 × 1 × (64 + 4)) and 34,816 (GRPO: 64 × 8 × 68), and
+    four responses per prompt at the default 256 prompts 69,632. Lower it on small
+    workers; raise it for larger steps where the workers have the memory."""
     kept_update_results: int = Field(16, ge=1)
     """Results of the most recent UpdateActor steps kept to answer retries idempotently."""
     worker_call_timeout_s: float = Field(1800.0, gt=0)

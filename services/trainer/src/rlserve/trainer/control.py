@@ -51,27 +51,33 @@ class RunControl:
     next_checkpoint_path: str = ""
 
 
+async def service_info(role: str, client: Any, timeout_s: float = HEALTH_TIMEOUT_S) -> Any:
+    """One try of the service's GetInfo (its rlserve.v1.ServiceInfo); raises the
+    AioRpcError, or TimeoutError when no answer came within `timeout_s`."""
+    response = await asyncio.wait_for(
+        client.stub.GetInfo(
+            _INFO_REQUESTS[role](),
+            metadata=call_metadata(client.application),
+            timeout=timeout_s,
+        ),
+        timeout_s + 1,
+    )
+    return response.info
+
+
+def failure_detail(error: BaseException, timeout_s: float = HEALTH_TIMEOUT_S) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    return f"no answer within {timeout_s:g} s"
+
+
 async def service_status(role: str, client: Any) -> trainer_pb2.ServiceStatus:
     """One service's health from its GetInfo (one try, HEALTH_TIMEOUT_S)."""
     try:
-        response = await asyncio.wait_for(
-            client.stub.GetInfo(
-                _INFO_REQUESTS[role](),
-                metadata=call_metadata(client.application),
-                timeout=HEALTH_TIMEOUT_S,
-            ),
-            HEALTH_TIMEOUT_S + 1,
-        )
+        info = await service_info(role, client)
     except (grpc.aio.AioRpcError, TimeoutError) as error:
-        detail = (
-            f"{error.code().name}: {error.details()}"
-            if isinstance(error, grpc.aio.AioRpcError)
-            else f"no answer within {HEALTH_TIMEOUT_S:g} s"
-        )
-        return trainer_pb2.ServiceStatus(role=role, healthy=False, detail=detail)
-    return trainer_pb2.ServiceStatus(
-        role=role, healthy=True, weights_version=response.info.weights_version
-    )
+        return trainer_pb2.ServiceStatus(role=role, healthy=False, detail=failure_detail(error))
+    return trainer_pb2.ServiceStatus(role=role, healthy=True, weights_version=info.weights_version)
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):

@@ -80,6 +80,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             # The service's own cap must admit the run's responses.
             "max_new_tokens_limit": max(1024, config.rollout.max_new_tokens),
             "max_batch_samples": config.rollout.max_batch_samples,
+            "max_request_tokens": config.rollout.max_request_tokens,
             "kept_update_results": actor.kept_update_results,
             "worker_call_timeout_s": actor.worker_call_timeout_s,
             "checkpoint_root": services_checkpoint_root(config.trainer.run_dir),
@@ -104,6 +105,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "forward_max_tokens": reference.forward_max_tokens,
             "logits_chunk_tokens": reference.logits_chunk_tokens,
             "max_batch_samples": reference.max_batch_samples,
+            "max_request_tokens": reference.max_request_tokens,
         }
     if config.needs_critic:
         apps["critic"] = {
@@ -124,6 +126,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "gradient_checkpointing": critic.gradient_checkpointing,
             "loss_agg_mode": critic.loss_agg_mode,
             "max_batch_samples": critic.max_batch_samples,
+            "max_request_tokens": critic.max_request_tokens,
             "checkpoint_root": services_checkpoint_root(config.trainer.run_dir),
         }
     for role, placement in worker_placements(config, apps).items():
@@ -306,12 +309,13 @@ def settings_differences(
 
 def deploy_services(
     apps: dict[str, dict[str, Any]], timeout_s: float, replace_different: bool = False
-) -> None:
+) -> dict[str, float]:
     """Deploys (or updates) one app per role, named and routed by the role.
 
     A role already deployed with other settings is replaced only with
     `replace_different`; otherwise nothing is deployed and the error lists every
     difference, so a run never silently overwrites a service someone configured by hand.
+    Returns each role's seconds until it was running (deploy_applications).
     """
     differences = settings_differences(apps, declared_applications())
     if differences and not replace_different:
@@ -321,7 +325,7 @@ def deploy_services(
             + "\nset trainer.replace_deployed_services=true to replace them, change the run "
             "config to match, or remove them first (rlserve service remove <role>)"
         )
-    deploy_applications(
+    return deploy_applications(
         [
             {
                 "name": role,
@@ -355,17 +359,23 @@ def _apply(applications: dict[str, dict[str, Any]]) -> None:
     _get_global_client().deploy_apps(ServeDeploySchema(applications=list(applications.values())))
 
 
-def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> None:
+def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> dict[str, float]:
     """Deploys or updates Serve config entries (name, route_prefix, import_path, args) next
     to the apps already declared, which keep running untouched, and waits until every
-    one given is RUNNING; a failed deployment raises with Serve's message."""
+    one given is RUNNING; a failed deployment raises with Serve's message.
+
+    Returns the seconds from the request until each app was seen RUNNING (polled every
+    0.5 s; the apps deploy concurrently, so the largest is the deployment's wall time).
+    """
     from ray import serve
 
+    started = time.monotonic()
     merged = declared_applications()
     merged.update((app["name"], app) for app in applications)
     _apply(merged)
     names = [app["name"] for app in applications]
-    deadline = time.monotonic() + timeout_s
+    ready_s: dict[str, float] = {}
+    deadline = started + timeout_s
     while True:
         statuses = serve.status().applications
         pending = {}
@@ -376,8 +386,10 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
                 raise RuntimeError(f"service {name!r} failed to deploy: {_failure(status)}")
             if state != "RUNNING":
                 pending[name] = state
+            else:
+                ready_s.setdefault(name, time.monotonic() - started)
         if not pending:
-            return
+            return ready_s
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"services not running after {timeout_s:.0f} s (trainer.deploy_timeout_s): "

@@ -19,9 +19,10 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import grpc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -40,6 +41,7 @@ from rlserve.trainer.deploy import (
 )
 from rlserve.trainer.loop import Clients, PPOTrainer
 from rlserve.trainer.metrics import MetricsLog, plot_curves, read_metrics, truncate_after
+from rlserve.trainer.recovery import Recovery, RecoveryEvent
 from rlserve.v1 import trainer_pb2
 
 console = Console(stderr=True)
@@ -68,6 +70,13 @@ class RunSummary:
     warmup_steps: int | None
     """Supervised warm-up steps of the embedded default (None for user models)."""
     steps: int
+    recoveries: list[RecoveryEvent]
+    """Each time the run restored its services from a checkpoint after losing one."""
+    phases_s: dict[str, float]
+    """Seconds per phase of the command, in order: prepare (the embedded default's
+    warm-up), Ray + Serve start, deploy (and deploy/<role>: each service's time to
+    running), trainer set-up, the first evaluation and checkpoint, the PPO steps, the
+    last evaluation and checkpoint, teardown."""
     accuracy_before: float | None
     accuracy_after: float | None
     train_s: float
@@ -229,6 +238,8 @@ async def _train_on_services(
     show_progress: bool,
     started: float,
 ) -> RunSummary:
+    phases: dict[str, float] = {}
+    mark = time.perf_counter()
     trainer = make_trainer(config, inputs, run_dir, serve_grpc_address)
     log = MetricsLog(run_dir)
     control = RunControl(total_steps=config.trainer.total_steps, run_dir=str(run_dir))
@@ -249,10 +260,19 @@ async def _train_on_services(
     every_eval = config.rollout.eval_every_steps
     every_ckpt = config.trainer.checkpoint_every_steps
     accuracy_before = None
+    phases["trainer_setup"] = time.perf_counter() - mark
     if trainer.state.step == 0 and trainer.eval_rows:
+        mark = time.perf_counter()
         before = await trainer.evaluate()
         accuracy_before = before["eval_accuracy"]
         log.write(0, before)
+        phases["eval_before"] = time.perf_counter() - mark
+
+    if config.trainer.max_recoveries and latest_checkpoint(run_dir) is None:
+        mark = time.perf_counter()
+        await trainer.save_checkpoint()  # the point a recovery before step 1 returns to
+        phases["checkpoint_0"] = time.perf_counter() - mark
+    recovery = Recovery(config.trainer.max_recoveries, config.trainer.recovery_timeout_s)
 
     control.state = trainer_pb2.RUN_STATE_RUNNING
     control.step = trainer.state.step
@@ -276,19 +296,27 @@ async def _train_on_services(
                 status="",
             )
             while trainer.state.step < config.trainer.total_steps and not control.stop_requested:
-                metrics = await trainer.run_step()
-                step = trainer.state.step
-                if every_eval and step % every_eval == 0:
-                    metrics.update(await trainer.evaluate())
-                log.write(step, metrics)
+                try:
+                    metrics = await trainer.run_step()
+                    step = trainer.state.step
+                    if every_eval and step % every_eval == 0:
+                        metrics.update(await trainer.evaluate())
+                    log.write(step, metrics)
+                    if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
+                        control.checkpoint_requested = False
+                        checkpoint = await trainer.save_checkpoint()
+                except grpc.aio.AioRpcError as error:
+                    checkpoint = await recovery.recover(trainer, error, log.path)
+                    control.step = trainer.state.step
+                    progress.update(task, completed=trainer.state.step, status="recovered")
+                    continue
                 control.step, control.last_metrics = step, metrics
-                if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
-                    control.checkpoint_requested = False
-                    checkpoint = await trainer.save_checkpoint()
                 status = f"reward {metrics['reward_mean']:.3f}  kl {metrics['kl_mean']:.4f}"
                 if "eval_accuracy" in metrics:
                     status += f"  held-out acc {100 * metrics['eval_accuracy']:.1f}%"
                 progress.update(task, completed=step, status=status)
+        phases["ppo_steps"] = time.perf_counter() - train_started
+        mark = time.perf_counter()
         final = {}
         if trainer.eval_rows and "eval_accuracy" not in trainer.state.last_metrics:
             final = await trainer.evaluate()
@@ -309,11 +337,14 @@ async def _train_on_services(
     evaluated = [r for r in records if "eval_accuracy" in r]
     curves = run_dir / "curves.png"
     plot_curves(records, curves)
+    phases["finish"] = time.perf_counter() - mark  # last evaluation, checkpoint, plot
     summary = RunSummary(
         run_dir=str(run_dir),
         seed=config.trainer.seed,
         warmup_steps=inputs.warmup_steps,
         steps=trainer.state.step,
+        recoveries=recovery.events,
+        phases_s=phases,
         accuracy_before=evaluated[0]["eval_accuracy"] if evaluated else accuracy_before,
         accuracy_after=evaluated[-1]["eval_accuracy"] if evaluated else None,
         train_s=time.perf_counter() - train_started,
@@ -370,6 +401,7 @@ def new_run_dir(config: RunConfig) -> Path:
 def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
     """Prepare, start the cluster, deploy, train, tear down what was started here."""
     total_started = time.perf_counter()
+    phases: dict[str, float] = {}
     resume_from = latest_checkpoint(run_dir) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"{run_dir} holds no complete checkpoint to resume from")
@@ -377,8 +409,10 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
     if resume and inputs_file.exists():
         inputs = RunInputs(**json.loads(inputs_file.read_text()))
     else:
+        mark = time.perf_counter()
         inputs = prepare_inputs(config, run_dir)
         inputs_file.write_text(json.dumps(asdict(inputs), indent=1))
+        phases["prepare"] = time.perf_counter() - mark
     if inputs.warmup_accuracy is not None:
         tiny = config.model.tiny
         target = (
@@ -393,25 +427,38 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
             f"{inputs.warmup_s:.1f} s; {target}held-out accuracy "
             f"{100 * inputs.warmup_accuracy:.1f}%"
         )
+    mark = time.perf_counter()
     address, local = start_cluster(config, run_dir)
+    phases["ray_serve_start"] = time.perf_counter() - mark
     try:
+        mark = time.perf_counter()
         apps = service_args(config, inputs.model_dir)
         reserve_placement_groups(apps)
         console.print(f"deploying services on Serve (gRPC {address}) ...")
-        deploy_services(
+        ready_s = deploy_services(
             apps, config.trainer.deploy_timeout_s, config.trainer.replace_deployed_services
         )
+        phases["deploy"] = time.perf_counter() - mark
+        phases.update((f"deploy/{role}", seconds) for role, seconds in ready_s.items())
         if config.placement.roles:
             for role, nodes in verify_placement(config, apps).items():
                 console.print(f"placement: {role} on nodes {[node[:12] for node in nodes]}")
         summary = asyncio.run(train_on_services(config, inputs, run_dir, address, resume_from))
     finally:
+        mark = time.perf_counter()
         if local:
             if config.trainer.tracing.enabled:
                 # The services export every EXPORT_DELAY_MS; let their last batch leave.
                 time.sleep(2 * tracing.EXPORT_DELAY_MS / 1000)
             _stop_local_cluster()
-    return RunSummary(**{**asdict(summary), "total_s": time.perf_counter() - total_started})
+        teardown_s = time.perf_counter() - mark
+    summary = replace(
+        summary,
+        total_s=time.perf_counter() - total_started,
+        phases_s={**phases, **summary.phases_s, "teardown": teardown_s},
+    )
+    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+    return summary
 
 
 def _stop_local_cluster() -> None:
@@ -432,6 +479,13 @@ def print_summary(summary: RunSummary) -> None:
         else ""
     )
     warmup = "" if summary.warmup_steps is None else f", warm-up {summary.warmup_steps} steps"
+    recoveries = "".join(
+        f"\n  recovered at step {event.failed_step} ({', '.join(event.lost)} lost): services "
+        f"back after {event.wait_s:.1f} s, step {event.restored_step} restored in "
+        f"{event.restore_s:.1f} s"
+        for event in summary.recoveries
+    )
+    phases = "  ".join(f"{name} {seconds:.1f}" for name, seconds in summary.phases_s.items())
     print(
         f"rlserve run finished: {summary.steps} PPO steps in {summary.train_s:.0f} s "
         f"(whole command {summary.total_s:.0f} s), seed {summary.seed}{warmup}\n"
@@ -440,5 +494,6 @@ def print_summary(summary: RunSummary) -> None:
         f"  run directory: {summary.run_dir}\n"
         f"  metrics: {summary.metrics_jsonl} (TensorBoard: {summary.run_dir}/tensorboard)\n"
         f"  curves: {summary.curves_png}\n"
-        f"  checkpoint: {summary.checkpoint}"
+        f"  checkpoint: {summary.checkpoint}\n"
+        f"  seconds: {phases}{recoveries}"
     )
