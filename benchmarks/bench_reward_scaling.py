@@ -161,7 +161,7 @@ def start_cluster(cheap_nodes: int, cpus_per_cheap_node: int, head_cpus: int) ->
     import ray
     from ray.cluster_utils import Cluster
 
-    from rlserve.core.cluster import apply_ray_env_defaults, free_port, start_serve
+    from rlserve.core.cluster import apply_ray_env_defaults, free_port, start_serve_on_a_free_port
 
     apply_ray_env_defaults()
     # An inherited address would point the driver and the state API at another cluster.
@@ -195,8 +195,7 @@ def start_cluster(cheap_nodes: int, cpus_per_cheap_node: int, head_cpus: int) ->
                 f"node labels not as started: {len(cheap)} cheap of {cheap_nodes}, "
                 f"head labels {head_labels}"
             )
-        grpc_port = free_port()
-        start_serve(grpc_port)
+        grpc_port = start_serve_on_a_free_port()
     except BaseException:
         ray.shutdown()
         cluster.shutdown()

@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    from rlserve.core.cluster import free_port, start_local_ray, start_serve
+    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
     from rlserve.core.embedded.prepare import prepare_embedded_default
 
     # One intra-op thread: on a busy machine two OpenMP threads wait on each other at
@@ -271,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     sink = None if args.otlp_endpoint else OtlpSink(work_dir / "sink_counts.json")
     endpoint = args.otlp_endpoint or sink.endpoint
     start_local_ray(num_cpus=16, temp_dir=Path("/tmp") / work_dir.name, log_to_driver=False)
-    port = free_port()
-    start_serve(port)
+    port = start_serve_on_a_free_port()
     try:
         samples = measure(
             config,

@@ -245,10 +245,11 @@ def test_resources_name_replica_node_and_rank(traced_run):
 def test_evaluation_and_checkpoints_are_traces_of_their_own(traced_run):
     spans = trace_report.read_spans(traced_run.spans_file)
     roots = Counter(s.name for s in spans if s.parent_id is None)
-    # Evaluation before step 0 and after the last step, a checkpoint at the end.
+    # Evaluation before step 0 and after the last step; a checkpoint before step 1 (where
+    # a recovery returns to) and one at the end.
     assert roots["ppo.step"] == STEPS
     assert roots["trainer.evaluate"] == 2
-    assert roots["trainer.checkpoint"] == 1
+    assert roots["trainer.checkpoint"] == 2
     assert set(roots) == {"ppo.step", "trainer.evaluate", "trainer.checkpoint"}
 
 

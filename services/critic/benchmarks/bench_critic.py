@@ -72,14 +72,13 @@ def main() -> None:
 
     from ray import serve
 
-    from rlserve.core.cluster import free_port, start_local_ray, start_serve
+    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
     from rlserve.critic.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
     vocab_size = build_model(work / "model")
     start_local_ray(num_cpus=8, temp_dir=work / "ray")
-    grpc_port = free_port()
-    start_serve(grpc_port)
+    grpc_port = start_serve_on_a_free_port()
     config = {
         "model_path": str(work / "model"),
         "workers": args.workers,

@@ -92,7 +92,7 @@ def main() -> None:
     import grpc
     from ray import serve
 
-    from rlserve.core.cluster import free_port, start_local_ray, start_serve
+    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
     from rlserve.rollout.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
@@ -115,8 +115,7 @@ def main() -> None:
     results: dict[str, object] = {"config": config, "samples": samples}
 
     start_local_ray(num_cpus=8, temp_dir=work / "ray")
-    grpc_port = free_port()
-    start_serve(grpc_port)
+    grpc_port = start_serve_on_a_free_port()
     try:
         start = time.perf_counter()
         serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")

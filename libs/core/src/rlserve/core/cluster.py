@@ -10,6 +10,7 @@ Ray process inherits it); Ray's own token auth is a separate setting (RAY_AUTH_M
 """
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -71,6 +72,40 @@ def connect_ray(address: str) -> None:
     """Joins an existing cluster ('auto', 'ray://host:10001' or 'host:6379')."""
     apply_ray_env_defaults()
     ray.init(address=address, log_to_driver=True)
+
+
+# Local clusters' Serve ports come from here: above Ray's worker ports (10002-19999) and
+# below the kernel's ephemeral range, where Ray's own processes keep binding ports while
+# they start (a port probed free there was once taken before Serve's proxy bound it).
+LOCAL_SERVE_PORTS = range(20000, 32768)
+_SERVE_START_ATTEMPTS = 5
+
+
+def start_serve_on_a_free_port() -> int:
+    """Starts Serve on a free port of LOCAL_SERVE_PORTS, trying another one when the
+    proxy cannot bind its pick; returns the gRPC port."""
+    for attempt in range(_SERVE_START_ATTEMPTS):
+        port = _free_port_in(LOCAL_SERVE_PORTS)
+        try:
+            start_serve(port, http_port=_free_port_in(LOCAL_SERVE_PORTS))
+            return port
+        except Exception as error:
+            if "Failed to bind" not in str(error) or attempt == _SERVE_START_ATTEMPTS - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
+
+
+def _free_port_in(ports: range) -> int:
+    for _ in range(100):
+        port = random.choice(ports)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def start_serve(grpc_port: int, http_port: int | None = None) -> None:

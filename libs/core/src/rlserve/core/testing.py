@@ -37,7 +37,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     from ray import serve
 
     from rlserve.core import auth
-    from rlserve.core.cluster import free_port, start_local_ray, start_serve
+    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
 
     # Before Ray starts: its processes, and so the replicas, inherit the environment.
     if auth.expected_token() is None:
@@ -45,8 +45,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     # Short path: Ray's unix sockets live under it (108-byte limit).
     temp_dir = Path(tempfile.mkdtemp(prefix="rlray"))
     start_local_ray(num_cpus=TEST_CLUSTER_CPUS, temp_dir=temp_dir)
-    grpc_port = free_port()
-    start_serve(grpc_port)
+    grpc_port = start_serve_on_a_free_port()
     yield ServeCluster(grpc_address=f"127.0.0.1:{grpc_port}")
     serve.shutdown()
     ray.shutdown()

@@ -359,7 +359,12 @@ async def _train_on_services(
 
 def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
     """Starts (or joins) Ray and Serve; returns (Serve gRPC address, started_locally)."""
-    from rlserve.core.cluster import connect_ray, free_port, start_local_ray, start_serve
+    from rlserve.core.cluster import (
+        connect_ray,
+        start_local_ray,
+        start_serve,
+        start_serve_on_a_free_port,
+    )
 
     if config.trainer.ray_address is None:
         if auth.expected_token() is None:
@@ -374,8 +379,11 @@ def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
             log_to_driver=False,
         )
         console.print(f"local Ray cluster started; logs under {temp_dir}/session_latest/logs")
-        port = config.trainer.serve_grpc_port or free_port()
-        start_serve(port)
+        if config.trainer.serve_grpc_port:
+            port = config.trainer.serve_grpc_port
+            start_serve(port)
+        else:
+            port = start_serve_on_a_free_port()
         return f"127.0.0.1:{port}", True
     if auth.expected_token() is None:
         console.print(
