@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from rlserve.core.config import validate_config
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.deploy import deploy_services, service_args
@@ -48,3 +50,25 @@ def fresh_services(config: RunConfig, inputs: RunInputs) -> None:
     for role in ("rollout", "critic", "reference", "reward"):
         serve.delete(role)
     deploy_services(service_args(config, inputs.model_dir), timeout_s=300)
+
+
+REPLAYED_METRICS = [
+    "reward_mean",
+    "kl_mean",
+    "entropy_mean",
+    "actor/pg_loss",
+    "critic/vf_loss",
+    "response_length_mean",
+    "weights_version",
+]
+"""What a replayed step must reproduce: it sees the same prompts, sampling seeds,
+weights and optimizer state as the step it repeats."""
+
+
+def assert_same_step_metrics(expected: list[dict], got: list[dict]) -> None:
+    """Step records of a resumed or recovered run equal an uninterrupted run's (float noise
+    aside), step by step."""
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got, strict=True):
+        for key in REPLAYED_METRICS:
+            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (have["step"], key)

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import (
+    assert_same_step_metrics,
+    fresh_services,
+    run_inputs,
+    tiny_run_config,
+)
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_to_proto
 from rlserve.core.rpc import ServiceClient, open_channel
@@ -121,19 +126,7 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, em
 
     expected, got = steps_3_4(uninterrupted), steps_3_4(resumed)
     assert len(expected) == len(got) == 2
-    compared = [
-        "reward_mean",
-        "kl_mean",
-        "entropy_mean",
-        "actor/pg_loss",
-        "critic/vf_loss",
-        "response_length_mean",
-        "weights_version",
-    ]
-    for want, have in zip(expected, got, strict=True):
-        for key in compared:
-            # Same seeds, same restored weights and optimizer state: equal up to float noise.
-            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert_same_step_metrics(expected, got)
 
 
 def test_a_retried_update_is_not_applied_twice(serve_cluster, embedded, tmp_path):

@@ -14,7 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import (
+    assert_same_step_metrics,
+    fresh_services,
+    run_inputs,
+    tiny_run_config,
+)
 from rlserve.core.config import dump_config
 from rlserve.core.placement import serve_replicas
 from rlserve.core.rpc import ServiceClient, call_metadata, open_channel
@@ -168,20 +173,7 @@ def _fault_run_config(runs: Path):
 
 def _assert_same_steps(expected: list[dict], got: list[dict]) -> None:
     assert [r["step"] for r in got] == list(range(1, TOTAL_STEPS + 1))  # each step once
-    for want, have in zip(expected, got, strict=True):
-        for key in COMPARED:
-            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (have["step"], key)
-
-
-COMPARED = [
-    "reward_mean",
-    "kl_mean",
-    "entropy_mean",
-    "actor/pg_loss",
-    "critic/vf_loss",
-    "response_length_mean",
-    "weights_version",
-]
+    assert_same_step_metrics(expected, got)
 
 
 def test_a_run_that_loses_workers_and_a_replica_recovers_with_uninterrupted_metrics(
