@@ -61,8 +61,10 @@ def service_checkpoint_name(runs_dir: str | Path, directory: Path, role: str) ->
         ValueError: `directory` is not under `runs_dir` (a run moved elsewhere: resume it
             with trainer.run_dir set to the directory that now holds it).
     """
-    root = Path(services_checkpoint_root(runs_dir))
-    target = Path(os.path.abspath(directory / role))
+    # Both with symlinks resolved, as the services resolve their root: a run reached
+    # through a link (or the root through one) names the same directory either way.
+    root = Path(os.path.realpath(services_checkpoint_root(runs_dir)))
+    target = Path(os.path.realpath(directory / role))
     try:
         return str(target.relative_to(root))
     except ValueError:

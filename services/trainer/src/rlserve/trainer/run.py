@@ -30,7 +30,11 @@ from rlserve.core import auth, tracing
 from rlserve.core.config import ConfigError, dump_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.run_config import RunConfig
-from rlserve.trainer.checkpoint import latest_checkpoint, read_trainer_state
+from rlserve.trainer.checkpoint import (
+    latest_checkpoint,
+    read_trainer_state,
+    service_checkpoint_name,
+)
 from rlserve.trainer.control import RunControl, serve_control
 from rlserve.trainer.data import PromptRows, load_prompt_rows
 from rlserve.trainer.deploy import (
@@ -413,6 +417,11 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
     resume_from = latest_checkpoint(run_dir) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"{run_dir} holds no complete checkpoint to resume from")
+    if resume_from is not None:
+        try:  # before any cluster starts: the services could not load it from their root
+            service_checkpoint_name(config.trainer.run_dir, resume_from, "rollout")
+        except ValueError as error:
+            raise ConfigError("trainer.run_dir", str(error)) from None
     inputs_file = run_dir / "inputs.json"
     if resume and inputs_file.exists():
         inputs = RunInputs(**json.loads(inputs_file.read_text()))
