@@ -169,6 +169,25 @@ def test_sequences_need_a_real_prompt_token_in_rows_with_a_response():
     require_sequences(Batch(tensors), 9, 8)
 
 
+def test_sequences_need_a_real_token_right_before_each_response_token():
+    """A right-padded prompt (its last column masked) would score the first response
+    token from a padding position."""
+    tensors = _sequences(3, 2)
+    tensors["attention_mask"][0, 2] = 0
+    _raises(
+        INVALID,
+        r"^batch\.tensors\['attention_mask'\]: row 0: response token 0 follows a masked "
+        r"position \(input_ids column 2\)",
+        require_sequences,
+        Batch(tensors),
+        9,
+        8,
+    )
+    tensors = _sequences(3, 2)
+    tensors["attention_mask"][1, 0] = 0  # left padding is how prompts come
+    require_sequences(Batch(tensors), 9, 8)
+
+
 def test_sequences_responses_must_be_the_real_tail_of_input_ids():
     tensors = _sequences(3, 2)
     tensors["responses"] = tensors["responses"].flip(1)

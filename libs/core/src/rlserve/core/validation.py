@@ -121,7 +121,8 @@ def require_sequences(
     reference): responses are the last R columns of input_ids wherever response_mask is
     1, those positions are real tokens (attention_mask 1), and a prompt precedes them:
     at least one prompt column (P >= 1: the first response token is predicted from the
-    position before it), with a real token in every row that has a response token.
+    position before it), with a real token in every row that has a response token, and
+    a real token right before every response token (prompts left-padded).
     At most `max_tokens` positions N × (P+R) (require_tokens). Returns only these four
     tensors (ids and masks as int64) with the batch's meta.
     """
@@ -162,6 +163,19 @@ def require_sequences(
             f"{field}.tensors['attention_mask']",
             f"row {int(no_prompt.nonzero()[0])} has response tokens but no real prompt token "
             f"(0 in all {prompt_len} prompt columns); a response is scored after its prompt",
+        )
+    # Each response token's log-prob (and value) is read at the position before it, which
+    # must be a real token: a masked one there (a right-padded prompt, a gap inside the
+    # response) would score the token from a padding position.
+    before = attention_mask[:, prompt_len - 1 : -1].bool()
+    after_padding = response_mask.bool() & ~before
+    if bool(after_padding.any()):
+        row, column = (int(i) for i in after_padding.nonzero()[0])
+        raise invalid_argument(
+            f"{field}.tensors['attention_mask']",
+            f"row {row}: response token {column} follows a masked position (input_ids column "
+            f"{prompt_len + column - 1}); each response token is scored from the real token "
+            "before it: left-pad prompts, right-pad responses",
         )
     return Batch(
         tensors={
