@@ -23,6 +23,7 @@ from integration_tests.support import (
 from rlserve.core.config import dump_config
 from rlserve.core.placement import serve_replicas
 from rlserve.core.rpc import ServiceClient, call_metadata, open_channel
+from rlserve.trainer import doctor
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import train_on_services
 from rlserve.v1 import critic_pb2, critic_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -58,6 +59,40 @@ def _worker_pids(address: str, role: str) -> list[int]:
     return asyncio.run(pids())
 
 
+def _doctor_sees_healthy_workers(address: str, worker_pids: list[int]) -> None:
+    """`rlserve doctor`, run as a user would against this cluster, and its report."""
+    import ray
+
+    gcs_address = ray.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "rlserve.trainer.cli", "doctor", "--address", gcs_address]
+    done = subprocess.run([*command, "--target", address], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ActorWorker" in done.stdout and "rollout" in done.stdout, done.stdout
+
+    report = doctor.collect(address)
+    rollout = next(app for app in report.apps if app.name == "rollout")
+    assert rollout.healthy and rollout.info.weights_version == 0
+    workers = [p for p in rollout.processes if p.kind == "ActorWorker"]
+    assert sorted(p.pid for p in workers) == sorted(worker_pids)
+    # a worker holds torch and a model: far more than an empty Python process
+    assert all(p.resident_bytes > 100 * 2**20 for p in workers), workers
+    assert [p.kind for p in rollout.processes].count("replica") == 1
+
+
+def _doctor_sees_dead_worker(address: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        report = doctor.collect(address)
+        rollout = next(app for app in report.apps if app.name == "rollout")
+        if rollout.problem:
+            assert "UNAVAILABLE" in rollout.problem and "rank 1 worker died" in rollout.problem
+            assert not report.healthy
+            assert "! GetInfo: UNAVAILABLE" in doctor.format_report(report)
+            return
+        time.sleep(0.5)
+    raise AssertionError("doctor never reported the dead worker")
+
+
 def test_a_replica_whose_worker_died_answers_unavailable_then_is_replaced(
     serve_cluster, embedded, tmp_path
 ):
@@ -66,7 +101,9 @@ def test_a_replica_whose_worker_died_answers_unavailable_then_is_replaced(
     address = serve_cluster.grpc_address
     request = rollout_pb2.RolloutServiceGetInfoRequest()
     pids = _worker_pids(address, "rollout")
+    _doctor_sees_healthy_workers(address, pids)
     os.kill(pids[1], signal.SIGKILL)
+    _doctor_sees_dead_worker(address)
 
     async def watch() -> tuple[list[str], list[int]]:
         client = _client(address, rollout_pb2_grpc.RolloutServiceStub, "rollout")

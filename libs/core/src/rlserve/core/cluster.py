@@ -68,10 +68,10 @@ def start_local_ray(
     )
 
 
-def connect_ray(address: str) -> None:
+def connect_ray(address: str, log_to_driver: bool = True) -> None:
     """Joins an existing cluster ('auto', 'ray://host:10001' or 'host:6379')."""
     apply_ray_env_defaults()
-    ray.init(address=address, log_to_driver=True)
+    ray.init(address=address, log_to_driver=log_to_driver)
 
 
 # Local clusters' Serve ports come from here: above Ray's worker ports (10002-19999) and

@@ -781,6 +781,10 @@ class TrainerConfig(ConfigModel):
     on, a checkpoint is also written before step 1, so there is always one to return to."""
     recovery_timeout_s: float = Field(300.0, gt=0)
     """Longest wait, per recovery, for every service to answer again."""
+    resources_every_steps: int = Field(10, ge=0)
+    """Record the object store's use and each service's resident memory (its replicas and
+    their workers, measured from outside) as `resources/*` metrics (MiB) every this many
+    steps; 0 = never. Costs a few milliseconds each time."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """Span export to an OTLP backend."""
     control_port: int | None = Field(0, ge=0, le=65535)

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlserve.core import auth, tracing
 from rlserve.core.config import ConfigError, dump_config
 from rlserve.core.modeling import load_tokenizer
+from rlserve.core.resources import resource_metrics
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.checkpoint import (
     latest_checkpoint,
@@ -263,6 +264,7 @@ async def _train_on_services(
 
     every_eval = config.rollout.eval_every_steps
     every_ckpt = config.trainer.checkpoint_every_steps
+    every_resources = config.trainer.resources_every_steps
     accuracy_before = None
     phases["trainer_setup"] = time.perf_counter() - mark
     if trainer.state.step == 0 and trainer.eval_rows:
@@ -305,6 +307,8 @@ async def _train_on_services(
                     step = trainer.state.step
                     if every_eval and step % every_eval == 0:
                         metrics.update(await trainer.evaluate())
+                    if every_resources and step % every_resources == 0:
+                        metrics.update(_resource_metrics())
                     log.write(step, metrics)
                     if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
                         control.checkpoint_requested = False
@@ -359,6 +363,16 @@ async def _train_on_services(
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
     return summary
+
+
+def _resource_metrics() -> dict[str, float]:
+    """resources/* metrics, or none this time: measuring must never stop a run (a node
+    that just died fails the measurement, and recovery deals with the node)."""
+    try:
+        return resource_metrics()
+    except Exception as error:
+        console.print(f"[yellow]warning:[/] resources not measured this step: {error}")
+        return {}
 
 
 def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
