@@ -1,5 +1,6 @@
 """rpc_method and Deadline through a real Serve gRPC proxy (ReferenceService contract)."""
 
+import asyncio
 import time
 
 import grpc
@@ -7,8 +8,9 @@ import pytest
 from ray import serve
 
 from rlserve.core.batch import Batch
-from rlserve.core.codec import batch_from_proto
-from rlserve.core.rpc import call_metadata
+from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.placement import serve_replicas
+from rlserve.core.rpc import RetryPolicy, ServiceClient, call_metadata, open_channel
 from rlserve.core.serving import (
     Deadline,
     RpcError,
@@ -20,6 +22,7 @@ from rlserve.core.serving import (
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
 APP = "serving-probe"
+HANG_S = 3.0
 
 
 @serve.deployment
@@ -36,6 +39,8 @@ class ProbeDeployment:
             raise RuntimeError("überraschung " + "ß" * 20000)
         if mode == "deadline":
             Deadline.from_metadata(grpc_context.invocation_metadata()).check("probe")
+        if mode == "hang":
+            await asyncio.sleep(HANG_S)
         return reference_pb2.ComputeRefLogProbResponse(metrics={"rows": len(batch)})
 
 
@@ -93,6 +98,34 @@ def test_caller_deadline_reaches_the_replica(stub):
         _call(stub, "deadline", extra_metadata=(deadline_metadata(-1.0),))
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "deadline passed during probe" in error.value.details()
+
+
+def test_a_call_that_times_out_names_service_rpc_app_and_replica(stub, serve_cluster):
+    async def hang() -> grpc.aio.AioRpcError:
+        channel = open_channel(serve_cluster.grpc_address)
+        client = ServiceClient(
+            channel, reference_pb2_grpc.ReferenceServiceStub, APP, 0.5, RetryPolicy(retries=5)
+        )
+        request = reference_pb2.ComputeRefLogProbRequest(
+            batch=batch_to_proto(Batch(meta={"mode": "hang"}))
+        )
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await client.call("ComputeRefLogProb", request)
+        assert time.monotonic() - started < HANG_S  # within its deadline, and not retried
+        await channel.close()
+        return error.value
+
+    error = asyncio.run(hang())
+    (replica,) = serve_replicas(APP)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    details = error.details()
+    assert details.startswith(
+        f"ReferenceService.ComputeRefLogProb on app '{APP}': no answer within 0.5 s"
+    )
+    assert f"held by replica {replica['replica_id']}" in details
+    assert f"pid {replica['pid']}" in details
+    assert _call(stub).metrics["rows"] == 0  # the replica serves on
 
 
 def test_unparsable_deadline_is_invalid_argument():

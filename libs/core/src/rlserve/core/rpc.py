@@ -7,7 +7,9 @@ caller will no longer wait for (Serve's proxy does not pass gRPC deadlines throu
 Retries cover transient failures only — UNAVAILABLE (no replica yet, proxy restarting)
 and INTERNAL from a replica that died (Serve restarts it in ≈ 3 s) — and never an
 INVALID_ARGUMENT or FAILED_PRECONDITION, which would fail again. Updates are safe to
-retry because they carry their step number and services apply a step once.
+retry because they carry their step number and services apply a step once. A call that
+times out (DEADLINE_EXCEEDED, never retried) is raised with details naming the service,
+RPC, app and the replica(s) that could have held it.
 
 Tracing: every attempt is its own client span `rpc.client/<Service>/<Rpc>` (attributes
 role, attempt, gRPC status) whose W3C context travels in the call's metadata, so the
@@ -97,6 +99,8 @@ class ServiceClient:
                     if span.is_recording():
                         span.set_attribute("rpc.grpc.status_code", error.code().value[0])
                         span.set_status(Status(StatusCode.ERROR, error.code().name))
+                    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise self._timed_out(rpc, timeout_s, error) from None
                     if attempt == self.policy.retries or error.code() not in self.policy.retryable:
                         raise
             # The backoff lies between two attempt spans, in the caller's span.
@@ -113,6 +117,40 @@ class ServiceClient:
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, self.policy.max_backoff_s)
         raise AssertionError("unreachable")
+
+    def _timed_out(
+        self, rpc: str, timeout_s: float, error: grpc.aio.AioRpcError
+    ) -> grpc.aio.AioRpcError:
+        """The DEADLINE_EXCEEDED `error` again, its details naming the service, the RPC,
+        the app and the replicas that could have held the call."""
+        details = (
+            f"{self.service}.{rpc} on app {self.application!r}: no answer within "
+            f"{timeout_s:g} s ({error.details()}); {_replicas_of(self.application)}"
+        )
+        return grpc.aio.AioRpcError(
+            error.code(), error.initial_metadata(), error.trailing_metadata(), details
+        )
+
+
+def _replicas_of(app: str) -> str:
+    """The app's running replicas (id, node, pid), as Serve reports them: the proxy does
+    not tell a client which replica took its call, but a stateful service has one."""
+    import ray
+
+    if not ray.is_initialized():
+        return "its replicas are unknown here (this process is not on the Ray cluster)"
+    from rlserve.core.placement import serve_replicas
+
+    try:
+        replicas = serve_replicas(app)
+    except Exception as error:  # Serve itself unreachable: the call's error still stands
+        return f"its replicas are unknown ({type(error).__name__}: {error})"
+    if not replicas:
+        return "it has no running replica"
+    names = ", ".join(
+        f"{r['replica_id']} (node {r['node_id'][:8]}, pid {r['pid']})" for r in replicas
+    )
+    return f"held by replica {names}" if len(replicas) == 1 else f"one of replicas {names}"
 
 
 def open_channel(address: str) -> grpc.aio.Channel:
