@@ -1,5 +1,6 @@
 """Helpers for whole-stack tests."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,10 @@ def assert_same_step_metrics(expected: list[dict], got: list[dict]) -> None:
     for want, have in zip(expected, got, strict=True):
         for key in REPLAYED_METRICS:
             assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (have["step"], key)
+
+
+def benchmark_subprocess_env() -> dict[str, str]:
+    """This process's environment minus what would make a benchmark's subprocess join the
+    test session's Ray: a benchmark must start its own cluster."""
+    joining = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_TMPDIR")
+    return {key: value for key, value in os.environ.items() if key not in joining}

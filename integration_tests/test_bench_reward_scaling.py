@@ -7,12 +7,13 @@ on a node of the cheap pool, and that a second replica really adds throughput.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from integration_tests.support import benchmark_subprocess_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Measured 87–120 s on this 2-core machine while other test runs shared it: cluster
@@ -23,12 +24,6 @@ TIMEOUT_S = 600
 @pytest.mark.slow
 def test_two_replicas_on_cheap_nodes_nearly_double_throughput(tmp_path):
     out_path = tmp_path / "scaling.json"
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        # The benchmark must start its own cluster, never join the test session's.
-        if key not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_TMPDIR")
-    }
     result = subprocess.run(
         [
             sys.executable,
@@ -44,7 +39,7 @@ def test_two_replicas_on_cheap_nodes_nearly_double_throughput(tmp_path):
             str(out_path),
         ],
         cwd=REPO_ROOT,
-        env=env,
+        env=benchmark_subprocess_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

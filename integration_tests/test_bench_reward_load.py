@@ -1,0 +1,40 @@
+"""Quick run of benchmarks/bench_reward_load.py: 16 clients for 4 s per kind (rule, HTTP).
+
+In a subprocess, since the benchmark starts its own cluster and this pytest process is
+connected to the session's Ray. Every call must succeed with the right scores (the
+benchmark checks each one), and the replica's memory is measured before and after.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from integration_tests.support import benchmark_subprocess_env
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 600
+
+
+@pytest.mark.slow
+def test_concurrent_clients_get_every_score_right_from_both_kinds(tmp_path):
+    out_path = tmp_path / "load.json"
+    command = [sys.executable, "-m", "benchmarks.bench_reward_load", "--clients", "16"]
+    result = subprocess.run(
+        [*command, "--seconds", "4", "--json-out", str(out_path)],
+        cwd=REPO_ROOT,
+        env=benchmark_subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = {row["kind"]: row for row in json.loads(out_path.read_text())}
+    assert sorted(rows) == ["http", "rule"]
+    for row in rows.values():
+        assert row["errors"] == 0 and row["calls"] >= 16, row
+        assert row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+        assert row["replica_mib_start"] > 50 and row["replica_mib_end"] > 50, row
+    assert "| rule | 16 |" in result.stdout
