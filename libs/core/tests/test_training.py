@@ -132,7 +132,8 @@ def test_weights_only_loading_reads_every_stage_checkpoint(
     trained = full_state_dict(engine)
     engine.backward(engine(input_ids=ids, labels=ids).loss)
     engine.step()
-    check_training_checkpoint(tmp_path, rank=0)
+    client_state = check_training_checkpoint(tmp_path, 0, ["weights_version", "absent"])
+    assert client_state == {"weights_version": 1}
     assert load_training_checkpoint(engine, tmp_path)["weights_version"] == 1
     assert all(torch.equal(trained[k], v) for k, v in full_state_dict(engine).items())
     state_file = sorted((tmp_path / "state").glob("*.pt"))[0]

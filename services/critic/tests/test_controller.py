@@ -14,6 +14,7 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.config import ConfigError, validate_config
 from rlserve.core.serving import Deadline, RpcError
+from rlserve.core.training import weights_only_load
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import CriticController, worker_kwargs
 from rlserve.critic.worker import CriticWorker
@@ -325,11 +326,15 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
     values = values_of(controller, batch)[0]
     model_states = root / "good" / "deepspeed" / "state" / "mp_rank_00_model_states.pt"
     marker = tmp_path / "marker"
-    torch.save({"module": _Payload(marker)}, model_states)
-    with pytest.raises(RpcError) as error:
-        run(controller.load_checkpoint("good"))
-    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "keeps its current weights" in error.value.message
+    states = weights_only_load(model_states)
+    # a pickle payload, and weights that load beside a client state that cannot be
+    # restored: both refused before the weights change
+    for content in ({"module": _Payload(marker)}, {**states, "weights_version": [1, 2]}):
+        torch.save(content, model_states)
+        with pytest.raises(RpcError) as error:
+            run(controller.load_checkpoint("good"))
+        assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "keeps its current weights" in error.value.message
     assert not marker.exists()
     assert torch.equal(values_of(controller, batch)[0], values)
     assert run(controller.update_critic(2, make_batch(4)))[1:] == (3, False)

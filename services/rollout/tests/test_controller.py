@@ -12,6 +12,7 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.cluster import free_port
 from rlserve.core.serving import Deadline, RpcError
+from rlserve.core.training import weights_only_load
 from rlserve.core.workers import init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.engine import (
@@ -426,16 +427,23 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_leave_the_service_serving(
     model_states = state_dir / "mp_rank_00_model_states.pt"
     original = model_states.read_bytes()
     marker = tmp_path / "marker"
-    corrupt = original[: len(original) // 2]
-    for content in (corrupt, None):
-        if content is None:
-            torch.save({"module": _Payload(marker)}, model_states)
-        else:
-            model_states.write_bytes(content)
+    states = weights_only_load(model_states)
+    # weights that load, beside a client state that cannot be restored: refused before
+    # the weights change, not loaded and then left inconsistent
+    bad_versions = {**states, "last_applied_step": "latest"}
+    no_ledger = {key: value for key, value in states.items() if key != "updates"}
+    variants = {
+        "truncated": lambda: model_states.write_bytes(original[: len(original) // 2]),
+        "pickle payload": lambda: torch.save({"module": _Payload(marker)}, model_states),
+        "malformed client state": lambda: torch.save(bad_versions, model_states),
+        "client state without its ledger": lambda: torch.save(no_ledger, model_states),
+    }
+    for variant, write in variants.items():
+        write()
         error = rpc_error(lambda: service.load_checkpoint("good"))
-        assert error.code == grpc.StatusCode.FAILED_PRECONDITION, error.message
-        assert "no usable rollout checkpoint" in error.message
-        assert "keeps its current weights" in error.message
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION, (variant, error.message)
+        assert "no usable rollout checkpoint" in error.message, variant
+        assert "keeps its current weights" in error.message, variant
     assert not marker.exists()
     # still serving what it had: same weights, not broken, generation and updates work
     assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())

@@ -22,7 +22,7 @@ as it was — and again in the load itself.
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,10 +169,15 @@ def weights_only_load(path: str | Path, map_location: Any = "cpu") -> Any:
         raise UnsafeCheckpointError(f"{path}: refused by weights-only loading ({reason})") from None
 
 
-def check_training_checkpoint(directory: Path, rank: int) -> None:
+def check_training_checkpoint(
+    directory: Path, rank: int, client_keys: Sequence[str] = ()
+) -> dict[str, Any]:
     """Reads every state file of `directory`'s DeepSpeed checkpoint that `rank` loads
     (the model states, and the ZeRO partitions of this rank) with weights_only_load,
-    changing nothing: call on every rank before load_training_checkpoint.
+    changing nothing: call on every rank before load_training_checkpoint. Returns the
+    entries named `client_keys` of the saved client_state (DeepSpeed keeps it beside
+    the weights in the model-states file), so a caller can check them before loading;
+    absent ones are left out.
 
     Raises:
         FileNotFoundError: no DeepSpeed checkpoint there.
@@ -184,10 +189,14 @@ def check_training_checkpoint(directory: Path, rank: int) -> None:
     files = sorted(tag_dir.glob("*.pt"))
     if not files:
         raise FileNotFoundError(f"no DeepSpeed state files under {tag_dir}")
+    client_state = {}
     for path in files:
         owner = _RANK_FILE.search(path.name)
         if owner is None or int(owner.group(1)) == rank:
-            weights_only_load(path)
+            content = weights_only_load(path)
+            if isinstance(content, dict):  # the model states (per rank under ZeRO-3)
+                client_state.update({key: content[key] for key in client_keys if key in content})
+    return client_state
 
 
 def load_training_checkpoint(engine: Any, directory: Path) -> dict:

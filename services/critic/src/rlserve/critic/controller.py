@@ -329,18 +329,14 @@ class CriticController:
 
         async def work() -> tuple[int, int]:
             try:
-                await self.group.run_all("check_checkpoint", str(directory))
-            except (FileNotFoundError, UnsafeCheckpointError) as error:
+                states = await self.group.run_all(
+                    "check_checkpoint", str(directory), list(CLIENT_STATE_KEYS)
+                )
+                weights_version, last_applied_step, applied = _parse_client_state(states[0])
+            except (FileNotFoundError, UnsafeCheckpointError, ValueError) as error:
                 raise load_refused(directory, "critic checkpoint", error) from None
             try:
-                states = await self.group.run_all("load_checkpoint", str(directory))
-                state = states[0]
-                weights_version = int(state["weights_version"])
-                last_applied_step = int(state["last_applied_step"])
-                applied = [
-                    (int(step), (dict(metrics), int(version)))
-                    for step, metrics, version in state["applied"]
-                ]
+                await self.group.run_all("load_checkpoint", str(directory))
                 self.steps.restore(last_applied_step, applied)
             except Exception as error:
                 self._broken = f"LoadCheckpoint of {path!r} failed part-way ({error!r:.200})"
@@ -350,3 +346,24 @@ class CriticController:
             return self.weights_version, self.last_applied_step
 
         return await self._exclusive(deadline, "LoadCheckpoint", work, atomic=True)
+
+
+CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "applied")
+"""What SaveCheckpoint stores beside the weights (DeepSpeed's client_state)."""
+
+
+def _parse_client_state(state: dict[str, Any]) -> tuple[int, int, list[tuple[int, Any]]]:
+    """(weights_version, last_applied_step, applied-step ledger) of a checkpoint, read
+    before anything loads: ValueError naming what is wrong, so a checkpoint that cannot
+    restore them is refused while the critic still holds its own weights."""
+    missing = [key for key in CLIENT_STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"its client state lacks {missing}")
+    try:
+        applied = [
+            (int(step), (dict(metrics), int(version)))
+            for step, metrics, version in state["applied"]
+        ]
+        return int(state["weights_version"]), int(state["last_applied_step"]), applied
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"its client state is malformed ({error})") from None

@@ -217,10 +217,11 @@ class CriticWorker:
             save_value_model(self.model, state_dict, root / MODEL_DIR)
         save_training_checkpoint(self.engine, root / DEEPSPEED_DIR, client_state)
 
-    def check_checkpoint(self, directory: str) -> None:
+    def check_checkpoint(self, directory: str, client_keys: list[str]) -> dict[str, Any]:
         """Reads this rank's state files weights-only, changing nothing (raises
-        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint."""
-        check_training_checkpoint(Path(directory) / DEEPSPEED_DIR, self.rank)
+        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint.
+        Returns the saved client_state's entries named `client_keys`."""
+        return check_training_checkpoint(Path(directory) / DEEPSPEED_DIR, self.rank, client_keys)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer from deepspeed/; returns the saved client_state."""

@@ -424,18 +424,22 @@ class RolloutController:
         async with self._lock:
             deadline.check("LoadCheckpoint")
             try:
-                await self._call(
-                    self.workers.run_all("check_checkpoint", path), NO_DEADLINE, "LoadCheckpoint"
+                states = await self._call(
+                    self.workers.run_all("check_checkpoint", path, list(CLIENT_STATE_KEYS)),
+                    NO_DEADLINE,
+                    "LoadCheckpoint",
                 )
-            except (FileNotFoundError, UnsafeCheckpointError) as error:
+                restored = _parse_client_state(states[0])
+            except (FileNotFoundError, UnsafeCheckpointError, ValueError) as error:
                 raise load_refused(directory, "rollout checkpoint", error) from None
             try:
-                states = await self._call(
+                await self._call(
                     self.workers.run_all("load_checkpoint", str(directory)),
                     NO_DEADLINE,
                     "LoadCheckpoint",
                 )
-                self._restore(states[0])
+                self.steps.restore(restored.last_applied_step, restored.updates)
+                self.weights_version = restored.weights_version
             except FileNotFoundError as error:  # nothing was loaded: the state is intact
                 raise failed_precondition(
                     f"location.path: no rollout checkpoint under {path!r} ({error})"
@@ -523,17 +527,36 @@ class RolloutController:
             ],
         }
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        """Versions and ledger from a checkpoint's client state; all parsed before any is
-        assigned, so a malformed state changes nothing here."""
-        weights_version = int(state["weights_version"])
-        last_applied_step = int(state["last_applied_step"])
-        updates = [
-            (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fingerprint)))
-            for step, version, metrics, fingerprint in state["updates"]
-        ]
-        self.steps.restore(last_applied_step, updates)
-        self.weights_version = weights_version
+
+CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "updates")
+"""What SaveCheckpoint stores beside the weights (DeepSpeed's client_state)."""
+
+
+@dataclass(frozen=True)
+class ClientState:
+    weights_version: int
+    last_applied_step: int
+    updates: list[tuple[int, UpdateRecord]]
+
+
+def _parse_client_state(state: dict[str, Any]) -> ClientState:
+    """The versions and update ledger a checkpoint stores, read before anything loads
+    (ValueError naming what is wrong: a checkpoint that cannot restore them is refused
+    while the service still holds its own weights)."""
+    missing = [key for key in CLIENT_STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"its client state lacks {missing}")
+    try:
+        return ClientState(
+            weights_version=int(state["weights_version"]),
+            last_applied_step=int(state["last_applied_step"]),
+            updates=[
+                (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fpr)))
+                for step, version, metrics, fpr in state["updates"]
+            ],
+        )
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"its client state is malformed ({error})") from None
 
 
 def update_row_plan(

@@ -549,10 +549,11 @@ class ActorWorker:
             self.tokenizer.save_pretrained(model_dir)
         save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
 
-    def check_checkpoint(self, directory: str) -> None:
+    def check_checkpoint(self, directory: str, client_keys: list[str]) -> dict[str, Any]:
         """Reads this rank's state files weights-only, changing nothing (raises
-        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint."""
-        check_training_checkpoint(Path(directory) / DEEPSPEED_SUBDIR, self.rank)
+        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint.
+        Returns the saved client_state's entries named `client_keys`."""
+        return check_training_checkpoint(Path(directory) / DEEPSPEED_SUBDIR, self.rank, client_keys)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer state, syncs the generation engine; the client_state."""
