@@ -316,11 +316,16 @@ def test_cluster_runs_this_ray_and_one_image(raycluster: dict[str, Any]):
     assert len({c["image"] for c in containers(spec)}) == 1
 
 
-def test_every_ray_container_sets_rlserve_ray_environment(raycluster: dict[str, Any]):
+def test_every_ray_container_has_both_tokens_and_no_usage_stats(raycluster: dict[str, Any]):
+    # Ray's token auth through the operator (it sets RAY_AUTH_MODE / RAY_AUTH_TOKEN), so no
+    # container may set RAY_AUTH_MODE itself; the services' token from the user's Secret.
+    assert raycluster["spec"]["authOptions"] == {"mode": "token"}
     for container in containers(raycluster["spec"]):
-        env = {item["name"]: item.get("value") for item in container.get("env", [])}
-        for key, value in cluster._RAY_ENV_DEFAULTS.items():
-            assert env.get(key) == value, (container["name"], key)
+        env = {item["name"]: item for item in container.get("env", [])}
+        assert "RAY_AUTH_MODE" not in env and "RAY_AUTH_TOKEN" not in env, container["name"]
+        assert env["RAY_USAGE_STATS_ENABLED"]["value"] == "0", container["name"]
+        secret = env["RLSERVE_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert secret == {"name": "rlserve-auth", "key": "token"}, container["name"]
 
 
 def test_head_group_has_no_gpu_no_pool_and_serves_grpc(raycluster: dict, all_yaml: dict):
