@@ -1,6 +1,8 @@
 """Helpers for whole-stack tests."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,8 +77,21 @@ def assert_same_step_metrics(expected: list[dict], got: list[dict]) -> None:
             assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (have["step"], key)
 
 
-def benchmark_subprocess_env() -> dict[str, str]:
-    """This process's environment minus what would make a benchmark's subprocess join the
-    test session's Ray: a benchmark must start its own cluster."""
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(module: str, *args: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """`python -m <module> <args>` from the repository root, output captured, failing
+    the test (with the output's tail) unless it exits 0. Its environment lacks what would
+    make it join the test session's Ray: a benchmark starts its own cluster."""
     joining = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_TMPDIR")
-    return {key: value for key, value in os.environ.items() if key not in joining}
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        env={key: value for key, value in os.environ.items() if key not in joining},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result

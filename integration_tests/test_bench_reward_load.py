@@ -6,31 +6,22 @@ benchmark checks each one), and the replica's memory is measured before and afte
 """
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from integration_tests.support import benchmark_subprocess_env
+from integration_tests.support import run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
 
 
 @pytest.mark.slow
 def test_concurrent_clients_get_every_score_right_from_both_kinds(tmp_path):
     out_path = tmp_path / "load.json"
-    command = [sys.executable, "-m", "benchmarks.bench_reward_load", "--clients", "16"]
-    result = subprocess.run(
-        [*command, "--seconds", "4", "--json-out", str(out_path)],
-        cwd=REPO_ROOT,
-        env=benchmark_subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+    result = run_benchmark(
+        "benchmarks.bench_reward_load",
+        *("--clients", "16", "--seconds", "4", "--json-out", str(out_path)),
+        timeout_s=TIMEOUT_S,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     rows = {row["kind"]: row for row in json.loads(out_path.read_text())}
     assert sorted(rows) == ["http", "rule"]
     for row in rows.values():

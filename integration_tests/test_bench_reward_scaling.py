@@ -7,15 +7,11 @@ on a node of the cheap pool, and that a second replica really adds throughput.
 """
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from integration_tests.support import benchmark_subprocess_env
+from integration_tests.support import run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Measured 87–120 s on this 2-core machine while other test runs shared it: cluster
 # start (3 nodes) ≈ 30 s, each replica start ≈ 15–35 s (torch import), two 5 s loads.
 TIMEOUT_S = 600
@@ -24,27 +20,12 @@ TIMEOUT_S = 600
 @pytest.mark.slow
 def test_two_replicas_on_cheap_nodes_nearly_double_throughput(tmp_path):
     out_path = tmp_path / "scaling.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_reward_scaling",
-            "--replicas",
-            "1,2",
-            "--seconds",
-            "3",
-            "--cheap-nodes",
-            "2",
-            "--json-out",
-            str(out_path),
-        ],
-        cwd=REPO_ROOT,
-        env=benchmark_subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+    result = run_benchmark(
+        "benchmarks.bench_reward_scaling",
+        *("--replicas", "1,2", "--seconds", "3", "--cheap-nodes", "2"),
+        *("--json-out", str(out_path)),
+        timeout_s=TIMEOUT_S,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "every replica ran on a cheap node: True" in result.stdout
     report = json.loads(out_path.read_text())
     rows = {row["replicas"]: row for row in report["rows"]}
