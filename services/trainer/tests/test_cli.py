@@ -94,3 +94,14 @@ def test_config_with_an_unknown_policy_loss_exits_2_naming_the_choices(capsys):
     assert cli.main(["config", "actor.policy_loss=ppo"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("config error: actor.policy_loss: Input should be 'vanilla'")
+
+
+def test_service_options_may_follow_the_action():
+    before = cli._parser().parse_args(["service", "--address", "h:6379", "deploy", "f.yaml"])
+    after = cli._parser().parse_args(["service", "deploy", "f.yaml", "--address", "h:6379"])
+    assert vars(before) == vars(after)
+    assert after.address == "h:6379" and after.grpc_port == 9000 and after.timeout_s == 600.0
+    scaled = cli._parser().parse_args(
+        ["service", "scale", "reward", "--replicas", "2", "--timeout-s", "5"]
+    )
+    assert (scaled.address, scaled.timeout_s, scaled.replicas) == ("auto", 5.0, 2)

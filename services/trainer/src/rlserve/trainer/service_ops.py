@@ -12,8 +12,9 @@ the named one and apply the merged config, so Serve leaves the others running un
   rlserve service status                           apps, replicas and the nodes they run on
   rlserve service release-placement GROUP          remove a pool's placement group
 
-Each takes --address (Ray cluster, default 'auto') and --grpc-port (Serve's gRPC proxy
-port, used only when Serve is not running yet; default 9000).
+Each takes --address (Ray cluster, default 'auto'), --grpc-port (Serve's gRPC proxy
+port, used only when Serve is not running yet; default 9000) and --timeout-s, before or
+after the action.
 """
 
 from __future__ import annotations
@@ -119,13 +120,27 @@ def status_rows() -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _cluster_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """--address, --grpc-port, --timeout-s. Each action takes them too, without defaults
+    of its own, so they may stand before or after the action: `service --address X
+    deploy F` and `service deploy F --address X` mean the same."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--address", default=default("auto"), help="Ray cluster (default: auto)")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=default(9000),
+        help="Serve gRPC port if Serve must be started (default: 9000)",
+    )
+    parser.add_argument("--timeout-s", type=float, default=default(600.0))
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     service = commands.add_parser("service", help="manage one service on a running cluster")
-    service.add_argument("--address", default="auto", help="Ray cluster (default: auto)")
-    service.add_argument(
-        "--grpc-port", type=int, default=9000, help="Serve gRPC port if Serve must be started"
-    )
-    service.add_argument("--timeout-s", type=float, default=600.0)
+    _cluster_options(service, defaults=True)
     actions = service.add_subparsers(dest="action", required=True)
     deploy = actions.add_parser("deploy", help="add or update apps from a Serve config file")
     deploy.add_argument("file", type=Path)
@@ -141,6 +156,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     actions.add_parser("status", help="apps, replicas and their nodes")
     release = actions.add_parser("release-placement", help="remove a named placement group")
     release.add_argument("group")
+    for action in actions.choices.values():
+        _cluster_options(action, defaults=False)
 
 
 def run(args: argparse.Namespace) -> int:
