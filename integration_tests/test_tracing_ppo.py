@@ -208,7 +208,7 @@ def _check_step_trace(step: int, spans: list[dict]) -> None:
     assert one("rollout.generate")["rlserve.tokens"] > 0
     assert one("rollout.generate")["rlserve.batch_size"] == 16
     assert one("rpc.server/RolloutService/UpdateActor")["rlserve.step"] == step
-    assert one("rpc.server/RolloutService/UpdateActor")["rlserve.weights_version"] == step + 1
+    assert one("rpc.server/RolloutService/UpdateActor")["rlserve.weights_version"] == step
     assert one("rpc.server/RewardService/ComputeReward")["rlserve.role"] == "reward"
     assert one("worker.update_critic")["rlserve.rank"] == 0
     assert one("rpc.client/CriticService/ComputeValues")["rlserve.attempt"] == 0
@@ -245,7 +245,7 @@ def test_resources_name_replica_node_and_rank(traced_run):
 def test_evaluation_and_checkpoints_are_traces_of_their_own(traced_run):
     spans = trace_report.read_spans(traced_run.spans_file)
     roots = Counter(s.name for s in spans if s.parent_id is None)
-    # Evaluation before step 0 and after the last step; a checkpoint before step 1 (where
+    # Evaluation before step 1 and after the last step; a checkpoint before step 1 (where
     # a recovery returns to) and one at the end.
     assert roots["ppo.step"] == STEPS
     assert roots["trainer.evaluate"] == 2
@@ -255,7 +255,7 @@ def test_evaluation_and_checkpoints_are_traces_of_their_own(traced_run):
 
 def test_report_on_the_run_finds_both_steps_and_their_critical_paths(traced_run, tmp_path):
     steps = trace_report.find_steps(trace_report.read_spans(traced_run.spans_file))
-    assert [s.step for s in steps] == [0, 1]
+    assert [s.step for s in steps] == [1, 2]  # as metrics.jsonl counts them
     for step in steps:
         assert step.orphans == []
         report = trace_report.analyse_step(step)

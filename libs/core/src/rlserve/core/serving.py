@@ -244,7 +244,8 @@ def _annotate(span: Span, metadata: Iterable[tuple[str, Any]], request: Any, res
             attributes["rlserve.role"] = value
     fields = request.DESCRIPTOR.fields_by_name
     if "step" in fields:
-        attributes["rlserve.step"] = request.step
+        # requests number steps from 0; traces, like metrics and checkpoints, from 1
+        attributes["rlserve.step"] = request.step + 1
     rows = _batch_rows(request, "batch") or _batch_rows(request, "prompts")
     if rows is not None:
         attributes["rlserve.batch_size"] = rows

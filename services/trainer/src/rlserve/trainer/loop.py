@@ -8,9 +8,10 @@ actor reports after an update becomes the next expectation (staleness is recorde
 is 0 in this synchronous loop).
 
 Tracing: each step is one trace. `run_step` opens the root span `ppo.step` (attribute
-`rlserve.step`), current while the step's calls run — asyncio tasks copy the context, so
-every client span (rlserve.core.rpc) of the concurrent forwards and updates is its
-child — plus `trainer.advantages` for the trainer's own math. `evaluate` and
+`rlserve.step`: the step's number as metrics.jsonl, TensorBoard, the progress bar and
+checkpoints count it, from 1; requests number it from 0), current while the step's
+calls run — asyncio tasks copy the context, so every client span (rlserve.core.rpc) of
+the concurrent forwards and updates is its child — plus `trainer.advantages` for the trainer's own math. `evaluate` and
 `save_checkpoint` are traces of their own (`trainer.evaluate`, `trainer.checkpoint`,
 with the step they follow), so a step's trace and `time/step_s` cover the same work.
 """
@@ -167,8 +168,9 @@ class PPOTrainer:
         return batch_from_proto(response.batch)
 
     async def run_step(self) -> dict[str, float]:
-        """Runs step `state.step` (0-based) and returns its metrics; one trace."""
-        with tracing.span("ppo.step", step=self.state.step) as root:
+        """Runs step `state.step` (0-based in requests; metrics and the trace's
+        `rlserve.step` count it from 1) and returns its metrics; one trace."""
+        with tracing.span("ppo.step", step=self.state.step + 1) as root:
             metrics = await self._run_step()
             if root.is_recording():
                 root.set_attributes(
