@@ -409,7 +409,7 @@ def test_main_prints_every_step_and_writes_the_timeline(step_file, tmp_path, cap
     out = capsys.readouterr().out
     assert f"step 3  trace {TRACE_ID}  100.0 ms  22 spans" in out
     assert "step 4  trace " + "5" * 32 in out
-    assert "2 steps, mean 100.0 ms" in out
+    assert "2 steps, mean 100.0 ms; share of the critical path: rollout 71.0%, trainer 29.0%" in out
     assert "RewardService/ComputeReward" in out and "unmatched" in out
     assert "uninstrumented" in out
     assert "total 48.0 ms summed over calls; 21.0 ms (21.0%) on the critical path" in out
@@ -484,3 +484,19 @@ def test_timeline_lanes_separate_concurrent_and_nested_spans():
     # Nested below their parent; sequential siblings share a lane.
     assert lanes["rollout.generate"] == lanes["rpc.server/RolloutService/GenerateSequences"] + 1
     assert lanes["actor.backward"] == lanes["actor.optimizer_step"] == lanes["actor.weight_sync"]
+
+
+def test_bottleneck_names_the_service_holding_most_of_the_critical_path(step_file):
+    (step,) = tr.find_steps(tr.read_spans(step_file))
+    report = tr.analyse_step(step)
+    # from the hand-computed path: rollout spans 71 ms of the 100, the trainer's 29 ms
+    assert {name: _ms(ns) for name, ns in report.path_by_service.items()} == {
+        "rollout": 71,
+        "trainer": 29,
+    }
+    line = tr.bottleneck(report)
+    assert line == (
+        "bottleneck: rollout, 71.0% of the critical path (largest stage rollout.generate, "
+        "19.0%); by service: rollout 71.0%, trainer 29.0%"
+    )
+    assert "  " + line in tr.format_step(report)

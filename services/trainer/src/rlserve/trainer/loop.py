@@ -11,9 +11,10 @@ Tracing: each step is one trace. `run_step` opens the root span `ppo.step` (attr
 `rlserve.step`: the step's number as metrics.jsonl, TensorBoard, the progress bar and
 checkpoints count it, from 1; requests number it from 0), current while the step's
 calls run — asyncio tasks copy the context, so every client span (rlserve.core.rpc) of
-the concurrent forwards and updates is its child — plus `trainer.advantages` for the trainer's own math. `evaluate` and
-`save_checkpoint` are traces of their own (`trainer.evaluate`, `trainer.checkpoint`,
-with the step they follow), so a step's trace and `time/step_s` cover the same work.
+the concurrent forwards and updates is its child — plus `trainer.advantages` for the
+trainer's own math. `evaluate` and `save_checkpoint` are traces of their own
+(`trainer.evaluate`, `trainer.checkpoint`, with the step they follow), so a step's trace
+and `time/step_s` cover the same work.
 """
 
 import asyncio

@@ -27,6 +27,10 @@ numbered by its `rlserve.step` attribute):
   call is marked `uninstrumented`; a client span without a server span (that service's
   tracing is off) is all transport and marked `unmatched`.
 
+Each step's report opens with one `bottleneck:` line (the service holding most of the
+critical path, its largest stage there, every service's share), and the summary of
+several steps with each service's mean share.
+
 Plus a PNG timeline of one step: one row per service, spans as bars (nested spans in
 sub-lanes), the critical path marked under each row.
 """
@@ -476,6 +480,14 @@ class StepReport:
     rpcs: list[RpcOverhead]
 
     @property
+    def path_by_service(self) -> dict[str, int]:
+        """service → critical-path time, largest first."""
+        totals: dict[str, int] = defaultdict(int)
+        for (service, _), ns in self.path_by_stage.items():
+            totals[service] += ns
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    @property
     def rpc_overhead_ns(self) -> int:
         return sum(r.overhead_ns for r in self.rpcs)
 
@@ -537,12 +549,29 @@ def merged_path(path: Sequence[Segment]) -> list[Segment]:
     return merged
 
 
+def bottleneck(report: StepReport) -> str:
+    """One line: the service holding most of the critical path, its largest stage there,
+    and every service's share of the path."""
+    total = report.duration_ns
+    by_service = report.path_by_service
+    if not by_service:
+        return "bottleneck: none (an empty step)"
+    service, ns = next(iter(by_service.items()))
+    stage, stage_ns = next((n, t) for (s, n), t in report.path_by_stage.items() if s == service)
+    shares = ", ".join(f"{s} {_pct(t, total).strip()}" for s, t in by_service.items())
+    return (
+        f"bottleneck: {service}, {_pct(ns, total).strip()} of the critical path (largest "
+        f"stage {stage}, {_pct(stage_ns, total).strip()}); by service: {shares}"
+    )
+
+
 def format_step(report: StepReport, path_limit: int = 40) -> str:
     step, total = report.step, report.duration_ns
     label = "?" if step.step is None else step.step
     lines = [
         f"step {label}  trace {step.trace_id}  {total / NS_PER_MS:.1f} ms  "
         f"{len(step.spans)} spans" + (f"  ({len(step.orphans)} orphans)" if step.orphans else ""),
+        f"  {bottleneck(report)}",
         "  critical path (chronological; own time of each span on the path):",
         "     start ms        ms      %  span (service)",
     ]
@@ -596,8 +625,14 @@ def format_summary(reports: Sequence[StepReport]) -> str:
             totals[key] += ns
     count = len(reports)
     mean_step = sum(r.duration_ns for r in reports) / count
+    by_service: dict[str, int] = defaultdict(int)
+    for (service, _), ns in totals.items():
+        by_service[service] += ns
+    shares = sorted(by_service.items(), key=lambda item: -item[1])
     lines = [
-        f"{count} steps, mean {mean_step / NS_PER_MS:.1f} ms; mean critical-path time per stage:"
+        f"{count} steps, mean {mean_step / NS_PER_MS:.1f} ms; share of the critical path: "
+        + ", ".join(f"{s} {_pct(ns / count, mean_step).strip()}" for s, ns in shares),
+        "mean critical-path time per stage:",
     ]
     for (service, name), ns in sorted(totals.items(), key=lambda item: -item[1]):
         lines.append(
