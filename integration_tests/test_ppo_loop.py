@@ -101,6 +101,42 @@ def test_grpo_without_critic(serve_cluster, embedded, tmp_path):
     assert not any(key.startswith("critic/") for key in records[-1])
 
 
+def test_dapo_pieces_through_the_services(serve_cluster, embedded, tmp_path):
+    """Dynamic sampling, overlong shaping and filtering, on a real run: every step trains
+    on groups whose scores differ, and the metrics account for the rounds it took."""
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={
+            "adv_estimator": "grpo",
+            "kl_ctrl": {"kl_coef": 0.0},
+            "dynamic_sampling": True,
+            "dynamic_sampling_max_rounds": 3,
+            "overlong_buffer_tokens": 2,
+            "filter_overlong": True,
+        },
+        actor={"clip_ratio_high": 0.28, "ppo_mini_batch_prompts": 2},
+        rollout={"responses_per_prompt": 4},
+        trainer={"total_steps": 3, "prompts_per_step": 8},
+    )
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
+    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        rounds, groups = (
+            record["generate/dynamic_sampling/rounds"],
+            record["generate/dynamic_sampling/groups"],
+        )
+        assert 1 <= rounds <= 3 and groups in (2, 4, 6, 8)  # whole mini-batches of 2
+        assert record["samples"] == 4 * groups  # whole groups, whole mini-batches
+        assert 0 < record["generate/dynamic_sampling/kept_fraction"] <= 1
+        assert record["reward_std"] > 0  # no all-equal group made it in
+        assert -1.0 <= record["overlong/penalty_mean"] <= 0.0
+        assert 0.0 <= record["overlong/truncated_fraction"] <= 1.0
+        assert math.isfinite(record["actor/pg_loss"])
+
+
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 4, "checkpoint_every_steps": 2})
     inputs = run_inputs(embedded)

@@ -391,6 +391,22 @@ def test_greedy_group_sampling_is_rejected():
     assert load("rollout.temperature=0").rollout.temperature == 0  # fine for PPO
 
 
+def test_dapo_settings_are_checked_against_the_run():
+    err = error_of("algorithm.dynamic_sampling=true")  # the default run is PPO with GAE
+    assert err.paths == ("algorithm.dynamic_sampling",) and "'gae'" in str(err)
+    dapo = load(
+        "algorithm.dynamic_sampling=true",
+        "algorithm.overlong_buffer_tokens=2",
+        "algorithm.filter_overlong=true",
+        path=GRPO,
+    )
+    assert dapo.algorithm.dynamic_sampling_max_rounds == 4
+    cap = dapo.rollout.max_new_tokens
+    err = error_of(f"algorithm.overlong_buffer_tokens={cap + 1}", path=GRPO)
+    assert err.paths == ("algorithm.overlong_buffer_tokens",)
+    assert f"rollout.max_new_tokens ({cap})" in str(err)
+
+
 def test_section_checks_are_rooted_at_the_section():
     assert error_of("actor.clip_ratio_dual=1.0").paths == ("actor.clip_ratio_dual",)
     assert error_of("model.tiny.num_heads=3").paths == ("model.tiny.num_heads",)

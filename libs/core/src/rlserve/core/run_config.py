@@ -512,6 +512,24 @@ class AlgorithmConfig(ConfigModel):
     so no signal) or 'score' (baseline 0: its raw score passes through, as VeRL does).
     A run's groups all hold rollout.responses_per_prompt >= 2 responses today; this
     decides what a group cut down to one would get."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): train only on prompt
+    groups whose scores differ, generating further rounds from the next prompts until
+    trainer.prompts_per_step groups are kept; needs a group estimator (grpo, rloo, ...)."""
+    dynamic_sampling_max_rounds: int = Field(4, ge=1)
+    """Most generation rounds per step with dynamic_sampling; a step whose rounds run out
+    trains on the whole actor mini-batches of groups it has (metric
+    generate/dynamic_sampling/groups), and fails if that is none."""
+    overlong_buffer_tokens: int = Field(0, ge=0)
+    """DAPO's soft overlong punishment: over the last this many tokens before
+    rollout.max_new_tokens, a response's score loses up to overlong_penalty_factor,
+    linearly with its length; 0 = off."""
+    overlong_penalty_factor: float = Field(1.0, ge=0, allow_inf_nan=False)
+    """The punishment at rollout.max_new_tokens tokens."""
+    filter_overlong: bool = False
+    """DAPO's overlong filtering: responses cut off at rollout.max_new_tokens without EOS
+    get zero advantage, so they add no policy-gradient signal (the actor trains on whole
+    rows: their tokens still count in a token-mean and a KL loss)."""
 
     @model_validator(mode="after")
     def _grpo_std_has_its_own_switch(self) -> AlgorithmConfig:
@@ -887,12 +905,34 @@ class RunConfig(ConfigModel):
                         f"{estimator!r} advantages are all zero; use a temperature > 0",
                     )
                 )
+        issues += self._dapo_issues()
         issues += self._request_size_issues()
         issues += self._request_token_issues()
         issues += self._vllm_context_issues()
         if issues:
             raise ConfigError(issues)
         return self
+
+    def _dapo_issues(self) -> list[tuple[str, str]]:
+        algorithm, issues = self.algorithm, []
+        if algorithm.dynamic_sampling and algorithm.adv_estimator not in GROUP_ESTIMATORS:
+            issues.append(
+                (
+                    "algorithm.dynamic_sampling",
+                    f"keeps prompt groups whose scores differ, which matters to the group "
+                    f"estimators {sorted(GROUP_ESTIMATORS)}, not to "
+                    f"{algorithm.adv_estimator!r}; choose one of them or turn it off",
+                )
+            )
+        if algorithm.overlong_buffer_tokens > self.rollout.max_new_tokens:
+            issues.append(
+                (
+                    "algorithm.overlong_buffer_tokens",
+                    f"{algorithm.overlong_buffer_tokens} is more than rollout.max_new_tokens "
+                    f"({self.rollout.max_new_tokens}), the length the buffer ends at",
+                )
+            )
+        return issues
 
     def _vllm_context_issues(self) -> list[tuple[str, str]]:
         """vLLM's max_model_len must hold the longest prompt plus its response."""

@@ -30,7 +30,13 @@ import torch
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
-from rlserve.core.ppo_math import AdaptiveKLController, FixedKLController, masked_mean
+from rlserve.core.ppo_math import (
+    AdaptiveKLController,
+    FixedKLController,
+    masked_mean,
+    overlong_penalty,
+    truncated_responses,
+)
 from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.advantages import advantage_settings, compute_advantages
@@ -43,6 +49,7 @@ from rlserve.trainer.checkpoint import (
 )
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
 from rlserve.trainer.deploy import reference_application
+from rlserve.trainer.dynamic_sampling import concat_rounds, first_groups, informative_rows
 from rlserve.v1 import (
     critic_pb2,
     critic_pb2_grpc,
@@ -55,6 +62,10 @@ from rlserve.v1 import (
 )
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+
+
+class NoInformativeGroups(RuntimeError):
+    """Dynamic sampling found no prompt group with differing scores in any round."""
 
 
 @dataclass
@@ -135,7 +146,9 @@ class PPOTrainer:
 
     # --- one step ---------------------------------------------------------------------
 
-    def _sampling(self, step: int, greedy: bool = False) -> rollout_pb2.SamplingParams:
+    def _sampling(
+        self, step: int, round_index: int = 0, greedy: bool = False
+    ) -> rollout_pb2.SamplingParams:
         rollout = self.config.rollout
         return rollout_pb2.SamplingParams(
             temperature=0.0 if greedy else rollout.temperature,
@@ -145,8 +158,9 @@ class PPOTrainer:
             responses_per_prompt=1 if greedy else rollout.responses_per_prompt,
             # Evaluation always stops at EOS: an answer is what comes before it.
             ignore_eos=rollout.ignore_eos and not greedy,
-            # A seed per step makes a resumed run sample exactly what the original did.
-            seed=self.config.trainer.seed * 1_000_003 + step,
+            # A seed per step (and dynamic-sampling round) makes a resumed run sample
+            # exactly what the original did.
+            seed=self.config.trainer.seed * 1_000_003 + step + round_index * 100_000_007,
         )
 
     async def _generate(self, rows: list[PromptRow], sampling: rollout_pb2.SamplingParams):
@@ -157,6 +171,78 @@ class PPOTrainer:
         )
         response = await self.clients.rollout.call("GenerateSequences", request)
         return batch_from_proto(response.batch), dict(response.metrics)
+
+    async def _shaped_scores(self, batch: Batch) -> torch.Tensor:
+        """The reward service's scores, plus DAPO's overlong penalty when it is on
+        (algorithm.overlong_buffer_tokens). Shape: (B,) float32."""
+        scores = (await self._score(batch))["scores"].float()
+        algorithm = self.config.algorithm
+        if algorithm.overlong_buffer_tokens:
+            scores = scores + self._overlong_penalty(batch)
+        return scores
+
+    def _overlong_penalty(self, batch: Batch) -> torch.Tensor:
+        return overlong_penalty(
+            batch["response_mask"].sum(dim=1),
+            self.config.rollout.max_new_tokens,
+            self.config.algorithm.overlong_buffer_tokens,
+            self.config.algorithm.overlong_penalty_factor,
+        )
+
+    async def _informative_batch(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """Generation rounds until prompts_per_step groups with differing scores are
+        kept (rlserve.trainer.dynamic_sampling); the batch carries its scores."""
+        wanted = self.config.trainer.prompts_per_step
+        kept: list[Batch] = []
+        groups = generated_groups = 0
+        gen_metrics: dict[str, float] = {}
+        for round_index in range(self.config.algorithm.dynamic_sampling_max_rounds):
+            rows = self.stream.next_rows(wanted)
+            batch, gen_metrics = await self._generate(rows, self._sampling(step, round_index))
+            scores = await self._shaped_scores(batch)
+            batch = Batch({**batch.tensors, "scores": scores}, batch.non_tensors, batch.meta)
+            generated_groups += len(rows)
+            informative = informative_rows(scores, batch["uid"])
+            if bool(informative.any()):
+                kept.append(batch.index(torch.nonzero(informative).squeeze(1).tolist()))
+                groups += len(set(kept[-1]["uid"]))
+            if groups >= wanted:
+                break
+        # the actor trains in whole mini-batches: a step short of groups trains on as
+        # many whole mini-batches as it has
+        mini_batch = self.config.actor.ppo_mini_batch_prompts
+        trained = min(groups, wanted) // mini_batch * mini_batch
+        if trained == 0:
+            raise NoInformativeGroups(
+                f"step {step + 1}: {groups} of {generated_groups} prompt groups in "
+                f"{round_index + 1} rounds got differing scores, fewer than one "
+                f"mini-batch (actor.ppo_mini_batch_prompts {mini_batch}); raise "
+                "algorithm.dynamic_sampling_max_rounds or turn dynamic_sampling off"
+            )
+        batch = first_groups(concat_rounds(kept, self.tokenizer.pad_token_id), trained)
+        gen_metrics = {
+            **gen_metrics,
+            "dynamic_sampling/rounds": float(round_index + 1),
+            "dynamic_sampling/groups": float(trained),
+            "dynamic_sampling/kept_fraction": groups / generated_groups,
+        }
+        return batch, gen_metrics
+
+    def _without_truncated_signal(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The actor's batch with zero advantage for every response cut off at
+        max_new_tokens without EOS (DAPO's overlong filtering): such a response adds no
+        policy-gradient signal. Its tokens stay in the batch, since the actor trains on
+        whole rows (they still count in a token-mean's denominator and a KL loss)."""
+        truncated = truncated_responses(
+            batch["responses"],
+            batch["response_mask"],
+            self.tokenizer.eos_token_id,
+            self.config.rollout.max_new_tokens,
+        )
+        kept = (~truncated)[:, None].to(batch["advantages"].dtype)
+        tensors = {**batch.tensors, "advantages": batch["advantages"] * kept}
+        metrics = {"overlong/truncated_fraction": float(truncated.float().mean())}
+        return Batch(tensors, batch.non_tensors, batch.meta), metrics
 
     async def _score(self, batch: Batch) -> Batch:
         reward_input = batch.select(
@@ -189,10 +275,14 @@ class PPOTrainer:
         timings: dict[str, float] = {}
         started = time.perf_counter()
 
-        rows = self.stream.next_rows(config.trainer.prompts_per_step)
-        batch, gen_metrics = await _timed(
-            "generate", timings, self._generate(rows, self._sampling(step))
-        )
+        if config.algorithm.dynamic_sampling:
+            # scored while choosing the groups: the reward is not among the forwards
+            batch, gen_metrics = await _timed("generate", timings, self._informative_batch(step))
+        else:
+            rows = self.stream.next_rows(config.trainer.prompts_per_step)
+            batch, gen_metrics = await _timed(
+                "generate", timings, self._generate(rows, self._sampling(step))
+            )
         staleness = self.state.weights_version - int(batch.meta["weights_version"])
 
         sequences = batch_to_proto(batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[]))
@@ -205,8 +295,9 @@ class PPOTrainer:
                     expected_weights_version=self.state.weights_version,
                 ),
             ),
-            "reward": self._score(batch),
         }
+        if "scores" not in batch.tensors:
+            forwards["reward"] = self._shaped_scores(batch)
         if self.clients.reference is not None:
             forwards["ref_log_prob"] = self.clients.reference.call(
                 "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(batch=sequences)
@@ -228,12 +319,9 @@ class PPOTrainer:
         timings["time/forward_wall_s"] = time.perf_counter() - forward_started
 
         log_probs = batch_from_proto(results["log_prob"].batch)
-        scores = results["reward"]
-        extra = {
-            "old_log_probs": log_probs["log_probs"],
-            "entropy": log_probs["entropy"],
-            "scores": scores["scores"].float(),
-        }
+        extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
+        if "reward" in results:
+            extra["scores"] = results["reward"]
         if "ref_log_prob" in results:
             extra["ref_log_probs"] = batch_from_proto(results["ref_log_prob"].batch)[
                 "ref_log_probs"
@@ -257,12 +345,16 @@ class PPOTrainer:
         actor_keys = [*SEQUENCE_KEYS, "old_log_probs", "advantages"]
         if config.actor.use_kl_loss:
             actor_keys.append("ref_log_probs")
+        actor_batch = batch.select(tensor_keys=actor_keys, non_tensor_keys=[])
+        filter_metrics = {}
+        if config.algorithm.filter_overlong:
+            actor_batch, filter_metrics = self._without_truncated_signal(actor_batch)
         updates: dict[str, Awaitable[Any]] = {
             "update_actor": self.clients.rollout.call(
                 "UpdateActor",
                 rollout_pb2.UpdateActorRequest(
                     step=step,
-                    batch=batch_to_proto(batch.select(tensor_keys=actor_keys, non_tensor_keys=[])),
+                    batch=batch_to_proto(actor_batch),
                     weights_version=self.state.weights_version,
                 ),
             )
@@ -317,7 +409,10 @@ class PPOTrainer:
             **timings,
             **{f"actor/{k}": v for k, v in actor_update.metrics.items()},
             **{f"generate/{k}": v for k, v in gen_metrics.items()},
+            **filter_metrics,
         }
+        if config.algorithm.overlong_buffer_tokens:
+            metrics["overlong/penalty_mean"] = float(self._overlong_penalty(batch).mean())
         if "update_critic" in update_results:
             metrics.update(
                 {f"critic/{k}": v for k, v in update_results["update_critic"].metrics.items()}
