@@ -17,10 +17,12 @@ one table:
 
     .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4
     .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4 --algorithm grpo
+    .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 --algorithm dapo
     .venv/bin/python benchmarks/bench_learning.py --seeds 3 -- trainer.total_steps=30
 
 Arguments after `--` are passed to every run as config overrides. GRPO runs the recipe
-of `rlserve/core/configs/embedded_grpo.yaml` (no critic, 8 responses per prompt, KL loss).
+of `rlserve/core/configs/embedded_grpo.yaml` (no critic, 8 responses per prompt, KL loss),
+DAPO that of `embedded_dapo.yaml` (the GRPO recipe with DAPO's four pieces).
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlserve.core.run_config import EMBEDDED_GRPO_CONFIG_PATH
+from rlserve.core.run_config import EMBEDDED_DAPO_CONFIG_PATH, EMBEDDED_GRPO_CONFIG_PATH
 
 GAIN_POINTS = 20.0
+# The run config of each --algorithm (None: the embedded default, PPO).
+ALGORITHM_CONFIGS = {
+    "ppo": None,
+    "grpo": EMBEDDED_GRPO_CONFIG_PATH,
+    "dapo": EMBEDDED_DAPO_CONFIG_PATH,
+}
 
 
 def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dict:
@@ -46,7 +54,7 @@ def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dic
         "-m",
         "rlserve.trainer.cli",
         "train",
-        *(["--config", str(EMBEDDED_GRPO_CONFIG_PATH)] if algorithm == "grpo" else []),
+        *(["--config", str(ALGORITHM_CONFIGS[algorithm])] if ALGORITHM_CONFIGS[algorithm] else []),
         f"trainer.run_dir={run_root}",
         f"trainer.seed={seed}",
         *overrides,
@@ -129,7 +137,7 @@ def report(algorithm: str, results: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--algorithm", choices=["ppo", "grpo"], default="ppo")
+    parser.add_argument("--algorithm", choices=sorted(ALGORITHM_CONFIGS), default="ppo")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_learning_"))

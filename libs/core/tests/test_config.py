@@ -18,6 +18,7 @@ from rlserve.core.config import (
     validate_config,
 )
 from rlserve.core.run_config import (
+    EMBEDDED_DAPO_CONFIG_PATH,
     EMBEDDED_DEFAULT_CONFIG_PATH,
     EMBEDDED_GRPO_CONFIG_PATH,
     RewardConfig,
@@ -401,6 +402,11 @@ def test_dapo_settings_are_checked_against_the_run():
         path=GRPO,
     )
     assert dapo.algorithm.dynamic_sampling_max_rounds == 4
+    recipe = load(path=EMBEDDED_DAPO_CONFIG_PATH)  # all four pieces on
+    assert recipe.algorithm.dynamic_sampling and recipe.algorithm.filter_overlong
+    assert recipe.algorithm.overlong_buffer_tokens == 4 and recipe.rollout.max_new_tokens == 8
+    assert recipe.actor.clip_ratio_high > recipe.actor.clip_ratio_low
+    assert recipe.actor.loss_agg_mode == "token-mean"
     cap = dapo.rollout.max_new_tokens
     err = error_of(f"algorithm.overlong_buffer_tokens={cap + 1}", path=GRPO)
     assert err.paths == ("algorithm.overlong_buffer_tokens",)

@@ -40,6 +40,7 @@ from rlserve.core.ppo_math import needs_critic as estimator_needs_critic
 from rlserve.core.vllm_config import VllmConfig
 
 __all__ = [
+    "EMBEDDED_DAPO_CONFIG_PATH",
     "EMBEDDED_DEFAULT_CONFIG_PATH",
     "EMBEDDED_GRPO_CONFIG_PATH",
     "GROUP_ESTIMATORS",
@@ -74,6 +75,7 @@ EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_def
 """The example config: the embedded default run with every setting written out."""
 
 EMBEDDED_GRPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_grpo.yaml"
+EMBEDDED_DAPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_dapo.yaml"
 """GRPO's recipe for the embedded default: the settings it changes, and why (the one
 copy: README, tests and benchmarks load this file)."""
 
