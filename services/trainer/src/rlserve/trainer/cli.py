@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from rlserve.trainer.deploy import ServiceSettingsConflict
+    from rlserve.trainer.loop import NoInformativeGroups
     from rlserve.trainer.run import new_run_dir, print_summary, train
 
     _quiet_libraries()
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceSettingsConflict as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except NoInformativeGroups as error:  # the run stopped; its checkpoints resume it
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 
