@@ -243,12 +243,18 @@ def test_load_weights_changes_output_to_the_new_weights(engine, model_dir, hf_mo
     original, margin = hf_greedy(hf_model, prompts, sampling.max_new_tokens, ignore_eos=True)
     assert margin > MIN_GREEDY_MARGIN
     assert before == original
-    new_weights = perturbed(hf_model)
     new_model = load_causal_lm(model_dir, "float32").eval()
-    new_model.load_state_dict(new_weights)
-    expected, margin = hf_greedy(new_model, prompts, sampling.max_new_tokens, ignore_eos=True)
-    assert margin > MIN_GREEDY_MARGIN
-    assert expected[-1] != before[-1]
+    # New weights whose greedy answers are clear (no near-tie that float rounding on
+    # another CPU could flip) and differ from the old ones: which perturbation gives
+    # that depends on the machine, so take the first of a few that does.
+    for seed in range(1, 21):
+        new_weights = perturbed(hf_model, seed=seed)
+        new_model.load_state_dict(new_weights)
+        expected, margin = hf_greedy(new_model, prompts, sampling.max_new_tokens, ignore_eos=True)
+        if margin > MIN_GREEDY_MARGIN and expected[-1] != before[-1]:
+            break
+    else:
+        pytest.fail("no perturbation of seeds 1-20 gave clear greedy answers that differ")
     # Same prompts as before the load: a stale prefix cache would replay old keys/values.
     engine.load_weights(new_weights)
     try:
