@@ -86,14 +86,17 @@ def _replica_mib() -> float:
     return sum(p.resident_bytes for p in service_memory() if p.app == APP) / _MIB
 
 
-def deploy(kinds: dict[str, Any], replicas: int) -> None:
+def deploy(kinds: dict[str, Any], replicas: int, max_ongoing_requests: int | None) -> None:
     from rlserve.trainer.deploy import deploy_applications
 
+    args: dict[str, Any] = {"kinds": kinds, "num_replicas": replicas}
+    if max_ongoing_requests is not None:
+        args["max_ongoing_requests"] = max_ongoing_requests
     app = {
         "name": APP,
         "route_prefix": f"/{APP}",
         "import_path": "rlserve.reward.app:build_app",
-        "args": {"kinds": kinds, "num_replicas": replicas},
+        "args": args,
     }
     deploy_applications([app], timeout_s=300)
 
@@ -194,6 +197,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--samples-per-call", type=int, default=16)
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--max-ongoing-requests", type=int, help="per replica (default: the service's)"
+    )
     parser.add_argument("--api-latency-ms", type=float, default=20.0)
     parser.add_argument("--call-timeout-s", type=float, default=30.0)
     parser.add_argument("--kinds", default="rule,http", help="comma-separated: rule, http")
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             "http": {"http": {"url": api.url, "retries": 0}},
         }
         for kind in args.kinds.split(","):
-            deploy(kinds[kind], args.replicas)
+            deploy(kinds[kind], args.replicas, args.max_ongoing_requests)
             rows.append(measure(address, kind, args))
             print(f"  {kind}: {rows[-1].calls} calls, {rows[-1].errors} errors", file=sys.stderr)
     finally:
