@@ -22,9 +22,17 @@ from rlserve.critic.worker import CriticWorker
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
 
+def joined_worker(config: CriticServiceConfig) -> CriticWorker:
+    """Rank 0 of a one-worker process group, built from `config`."""
+    from rlserve.core.cluster import free_port
+
+    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
+    worker.init_distributed("127.0.0.1", free_port())
+    return worker
+
+
 @pytest.fixture(scope="module")
 def controller(critic_model_dir, in_process_group):
-    from rlserve.core.cluster import free_port
 
     config = CriticServiceConfig(
         model_path=str(critic_model_dir),
@@ -35,8 +43,7 @@ def controller(critic_model_dir, in_process_group):
         max_batch_samples=16,
         max_request_tokens=150,
     )
-    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
-    worker.init_distributed("127.0.0.1", free_port())
+    worker = joined_worker(config)
     return CriticController(config, in_process_group([worker]))
 
 
@@ -194,7 +201,6 @@ def test_values_stop_at_the_deadline_between_micro_batches_and_the_worker_serves
 ):
     """Issue 12 defect 7: ComputeValues whose caller had given up ran on in the workers,
     and later calls queued behind it. The workers now stop at the next micro-batch."""
-    from rlserve.core.cluster import free_port
 
     config = CriticServiceConfig(
         model_path=str(critic_model_dir),
@@ -202,8 +208,7 @@ def test_values_stop_at_the_deadline_between_micro_batches_and_the_worker_serves
         micro_batch_samples=2,
         forward_micro_batch_samples=1,
     )
-    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
-    worker.init_distributed("127.0.0.1", free_port())
+    worker = joined_worker(config)
     # Not threaded: the call blocks the event loop, so only the worker itself can stop it.
     controller = CriticController(config, in_process_group([worker]))
     batch = make_batch(1024, seed=4).select(SEQUENCE_KEYS)  # 1024 forward passes: ≈ 2 s
@@ -224,7 +229,6 @@ def test_values_stop_at_the_deadline_between_micro_batches_and_the_worker_serves
 def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(
     critic_model_dir, in_process_group, make_batch
 ):
-    from rlserve.core.cluster import free_port
 
     config = CriticServiceConfig(
         model_path=str(critic_model_dir),
@@ -232,8 +236,7 @@ def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(
         micro_batch_samples=1,
         ppo_epochs=4,
     )
-    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
-    worker.init_distributed("127.0.0.1", free_port())
+    worker = joined_worker(config)
     controller = CriticController(config, in_process_group([worker], threaded=True))
     batch = make_batch(64, seed=13)  # 256 forward/backward passes: ≈ 1.5 s, over 0.3 s
     run(controller.worker_infos())  # asked once; not part of the timed call
@@ -292,7 +295,6 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
 ):
     """Issue 12 defects 2-4: SaveCheckpoint wrote to any absolute path; a bad checkpoint
     left the critic with unknown weights; LoadCheckpoint unpickled a crafted file."""
-    from rlserve.core.cluster import free_port
 
     root = tmp_path / "root"
     config = CriticServiceConfig(
@@ -301,8 +303,7 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
         micro_batch_samples=2,
         checkpoint_root=str(root),
     )
-    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
-    worker.init_distributed("127.0.0.1", free_port())
+    worker = joined_worker(config)
     controller = CriticController(config, in_process_group([worker]))
     for name in (str(tmp_path / "outside"), "../outside", "a\x00b"):
         for call in (controller.save_checkpoint, controller.load_checkpoint):
@@ -346,7 +347,6 @@ def test_an_update_that_fails_part_way_leaves_the_critic_refusing_until_a_load(
     """A rank that fails mid-update may leave the ranks' weights apart: the critic says
     so (FAILED_PRECONDITION, and its health check fails so Serve replaces it) instead of
     serving unknown weights; a LoadCheckpoint makes it usable again."""
-    from rlserve.core.cluster import free_port
 
     class FailingAfterTheUpdate(in_process_group):
         fail_updates = False
@@ -363,8 +363,7 @@ def test_an_update_that_fails_part_way_leaves_the_critic_refusing_until_a_load(
         micro_batch_samples=2,
         checkpoint_root=str(tmp_path),
     )
-    worker = CriticWorker(rank=0, world_size=1, **worker_kwargs(config))
-    worker.init_distributed("127.0.0.1", free_port())
+    worker = joined_worker(config)
     group = FailingAfterTheUpdate([worker])
     controller = CriticController(config, group)
     run(controller.update_critic(0, make_batch(4)))

@@ -26,7 +26,6 @@ Choices:
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 
 import torch
@@ -42,11 +41,11 @@ class DeadlineStop(StoppingCriteria):
     then tells the caller to raise instead of returning the cut responses."""
 
     def __init__(self, deadline: float):
-        self.deadline = deadline
+        self.deadline = Deadline(deadline)
         self.passed = False
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        self.passed = self.passed or time.time() > self.deadline
+        self.passed = self.passed or self.deadline.remaining_s() <= 0
         return torch.full(
             (input_ids.shape[0],), self.passed, dtype=torch.bool, device=input_ids.device
         )

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,7 +71,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlserve.core.serving import Deadline, deadline_exceeded
+from rlserve.core.serving import Deadline
 from rlserve.core.vllm_config import VllmConfig
 from rlserve.rollout.generation import Generated, SamplingSettings
 
@@ -230,11 +229,11 @@ class VLLMGenerationEngine:
         checking `deadline` between steps; a failure or a passed deadline aborts them.
         Outputs come in request order."""
         engine = self.llm.llm_engine
+        limit = Deadline(deadline)
         finished: list[RequestOutput] = []
         try:
             while engine.has_unfinished_requests():
-                if deadline is not None and time.time() > deadline:
-                    raise deadline_exceeded("GenerateSequences")
+                limit.check("GenerateSequences")
                 finished.extend(output for output in engine.step() if output.finished)
         except BaseException:
             engine.abort_request(request_ids, internal=True)
