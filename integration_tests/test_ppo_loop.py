@@ -137,6 +137,53 @@ def test_dapo_pieces_through_the_services(serve_cluster, embedded, tmp_path):
         assert math.isfinite(record["actor/pg_loss"])
 
 
+def test_remax_and_rollout_correction_through_the_services(serve_cluster, embedded, tmp_path):
+    """ReMax's greedy baseline and truncated importance sampling against the engine's
+    own log-probs, with the SAPO loss: each step records the baseline, the weights and
+    the engine/trainer mismatch (near zero: hf generation and the trainer share weights
+    and dtype)."""
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={"adv_estimator": "remax", "kl_ctrl": {"kl_coef": 0.0}, "rollout_is_cap": 2.0},
+        actor={"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
+        trainer={"total_steps": 2},
+    )
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
+    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert 0.0 <= record["remax/baseline_mean"] <= 1.0  # the rule scores 0 or 1
+        assert record["time/greedy_baseline_s"] > 0
+        assert record["rollout_is/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert abs(record["rollout_is/mismatch_kl"]) < 1e-3
+        assert record["rollout_is/capped_fraction"] == 0.0
+        assert math.isfinite(record["actor/pg_loss"])
+
+
+def test_gdpo_and_dppo_through_the_services(serve_cluster, embedded, tmp_path):
+    """GDPO reads each reward kind's score from the reward service (and its weights from
+    GetInfo); the DPPO loss trains on it."""
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={"adv_estimator": "gdpo", "kl_ctrl": {"kl_coef": 0.0}},
+        actor={"policy_loss": "dppo_tv"},
+        rollout={"responses_per_prompt": 4},
+        trainer={"total_steps": 2, "prompts_per_step": 8},
+    )
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
+    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        # whitened over the step's response tokens
+        assert abs(record["advantages_mean"]) < 1e-5
+        assert 0.0 <= record["actor/pg_clipfrac"] <= 1.0
+        assert math.isfinite(record["actor/pg_loss"])
+
+
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 4, "checkpoint_every_steps": 2})
     inputs = run_inputs(embedded)

@@ -62,7 +62,10 @@ def test_defaults_are_the_measured_ppo_recipe():
     assert (c.algorithm.kl_ctrl.kl_coef, c.algorithm.kl_penalty) == (0.02, "k1")
     assert (c.algorithm.gamma, c.algorithm.lam) == (1.0, 0.95)
     assert c.algorithm.whiten_advantages
-    assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high, c.actor.ppo_epochs) == (0.2, 0.2, 2)
+    # unset clip ratios are the loss's own: PPO's 0.2 for the default 'vanilla'
+    assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high) == (None, None)
+    assert pm.resolve_clip_ratios(c.actor.policy_loss, None, None) == (0.2, 0.2)
+    assert c.actor.ppo_epochs == 2
     assert (c.model.tiny.hidden_size, c.model.tiny.num_layers) == (128, 4)
     assert (c.data.arithmetic.train_pairs, c.data.arithmetic.eval_pairs) == (8000, 2000)
     assert c.reward.http.timeout_s == 3.0
@@ -251,7 +254,8 @@ def test_unknown_algorithm_names_list_the_valid_choices():
         "algorithm.singleton_groups",
     }
     text = str(err)
-    assert "'vanilla', 'gspo', 'cispo', 'gmpo', 'clip_cov', 'kl_cov' or 'reinforce'" in text
+    assert "'vanilla', 'gspo', 'cispo', 'gmpo', 'clip_cov', 'kl_cov', 'reinforce', 'sapo'" in text
+    assert "'dppo_tv' or 'dppo_kl'" in text
     assert "'k1+', 'k3+' or 'low_var_kl+'" in text
     # the critic implements only the first three aggregation modes
     assert error_of("critic.loss_agg_mode=token-sum").paths == ("critic.loss_agg_mode",)
@@ -507,3 +511,19 @@ def test_settings_json_redacts_secret_fields():
     }
     # An empty secret shows as empty: nothing to hide.
     assert json.loads(settings_json(Api(url="u")))["headers"] == {}
+
+
+def test_catalogue_settings_are_checked_against_the_run():
+    err = error_of("algorithm.rollout_is_cap=2.0", "actor.policy_loss=kl_cov", path=GRPO)
+    assert err.paths == ("algorithm.rollout_is_cap",) and "'kl_cov'" in str(err)
+    assert load("algorithm.rollout_is_cap=2.0", path=GRPO).algorithm.rollout_is_cap == 2.0
+    assert error_of("algorithm.rollout_is_cap=0").paths == ("algorithm.rollout_is_cap",)
+    err = error_of("algorithm.adv_estimator=remax", "rollout.temperature=0")
+    assert err.paths == ("rollout.temperature",) and "'remax'" in str(err)
+    # ReMax's baseline is the greedy response, not the group: one response per prompt is fine
+    assert load("algorithm.adv_estimator=remax").rollout.responses_per_prompt == 1
+    err = error_of("algorithm.adv_estimator=gdpo")  # a group estimator, default n = 1
+    assert err.paths == ("rollout.responses_per_prompt",)
+    sapo = load("actor.policy_loss=sapo", "actor.sapo_tau_neg=2.0")
+    assert (sapo.actor.sapo_tau_pos, sapo.actor.sapo_tau_neg) == (1.0, 2.0)
+    assert error_of("actor.dppo_max_ratio=0").paths == ("actor.dppo_max_ratio",)

@@ -625,6 +625,9 @@ def test_registry_names_and_critic_needs():
         "reinforce_plus_plus_baseline",
         "opo",
         "gpg",
+        "grpo_passk",
+        "gdpo",
+        "remax",
     }
     assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_critic(n)] == ["gae"]
     assert {n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_group_ids(n)} == {
@@ -633,11 +636,21 @@ def test_registry_names_and_critic_needs():
         "reinforce_plus_plus_baseline",
         "opo",
         "gpg",
+        "grpo_passk",
+        "gdpo",
     }
+    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_greedy_baseline(n)] == ["remax"]
+    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_reward_components(n)] == ["gdpo"]
 
 
 def test_registry_unknown_name():
-    for fn in (pm.get_advantage_estimator, pm.needs_critic, pm.needs_group_ids):
+    for fn in (
+        pm.get_advantage_estimator,
+        pm.needs_critic,
+        pm.needs_group_ids,
+        pm.needs_greedy_baseline,
+        pm.needs_reward_components,
+    ):
         with pytest.raises(
             ValueError, match=r"unknown advantage estimator 'ppo'; valid choices: gae, grpo"
         ):
@@ -1291,13 +1304,16 @@ def ref_loss_and_grad(losses, grads, mask, mode):
     return value, grad
 
 
-def check_policy_loss(fn, kwargs, ref_tokens, msg):
+def check_policy_loss(fn, kwargs, ref_tokens, msg, probabilities=False):
     """Runs fn over every seed and mask layout against a per-row loop reference.
 
     ``ref_tokens(old_row, new_row, adv_row, mask_row)`` returns the row's per-token
-    losses and grads as :func:`ref_loss_and_grad` takes them."""
+    losses and grads as :func:`ref_loss_and_grad` takes them. ``probabilities``: keep
+    the new log-probs <= 0 (losses that read the probabilities themselves)."""
     for seed, kind, gen, mask in all_masks():
         old, new, adv = policy_batch(gen, mask)
+        if probabilities:
+            new = new.detach().clamp(max=-1e-3).requires_grad_()
         for mode in ("token-mean", "seq-mean-token-mean"):
             new.grad = None
             loss, metrics = fn(old, new, adv, mask, loss_agg_mode=mode, **kwargs)
@@ -1637,6 +1653,9 @@ def test_policy_loss_registry_passes_each_loss_its_knobs():
         "clip_cov_high": 3.0,
         "kl_cov_fraction": 0.2,
         "kl_cov_coef": 0.5,
+        "sapo_tau_pos": 1.5,
+        "sapo_tau_neg": 2.5,
+        "dppo_max_ratio": 1.7,
     }
     clip = {"clip_ratio_low": 0.1, "clip_ratio_high": 0.15, "loss_agg_mode": "seq-mean-token-mean"}
     args = (old, new, adv, mask)
@@ -1657,6 +1676,9 @@ def test_policy_loss_registry_passes_each_loss_its_knobs():
             *args, cov_fraction=0.2, kl_cov_coef=0.5, loss_agg_mode="seq-mean-token-mean"
         ),
         "reinforce": pm.reinforce_loss(*args, loss_agg_mode="seq-mean-token-mean"),
+        "sapo": pm.sapo_loss(*args, tau_pos=1.5, tau_neg=2.5, loss_agg_mode="seq-mean-token-mean"),
+        "dppo_tv": pm.dppo_tv_loss(*args, **clip, max_ratio=1.7),
+        "dppo_kl": pm.dppo_kl_loss(*args, **clip, max_ratio=1.7),
     }
     assert list(expected) == list(pm.POLICY_LOSSES)
     for name, (exp_loss, exp_metrics) in expected.items():
@@ -1686,3 +1708,304 @@ def test_new_policy_loss_errors():
         pm.kl_cov_loss(x, x, x, ones, kl_cov_coef=-1.0)
     with pytest.raises(ValueError, match=r"cov_fraction must be in \[0, 1\]"):
         pm.kl_cov_loss(x, x, x, ones, cov_fraction=2.0)
+
+
+# ----------------------------------------- pass@k, GDPO, ReMax, rollout correction
+
+
+def ref_passk(scores, group_ids, normalize_by_std, singleton_groups="zero", eps=1e-6):
+    out = [0.0] * len(scores)
+    for members in ref_groups(scores, group_ids).values():
+        if len(members) == 1:
+            out[members[0]] = ref_singleton(0.0, scores[members[0]], singleton_groups)
+            continue
+        values = [scores[i] for i in members]
+        best = members[values.index(max(values))]  # first row holding the maximum
+        second = max(scores[i] for i in members if i != best)
+        gap = scores[best] - second
+        if normalize_by_std:
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+            gap = gap / (std + eps)
+        out[best] = gap
+    return out
+
+
+def test_grpo_passk_by_hand():
+    scores = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 0.3])
+    group_ids = torch.tensor([4, 4, 4, 9, 9, 2])
+    mask = torch.ones(6, 1)
+    # group 4: best row 0 (1.0), runner-up 0.5 -> gap 0.5; std of (1, 0, 0.5) = 0.5 -> 1
+    # group 9: tie at 1.0 -> row 3 is the best, gap 0; group 2 is a singleton -> 0
+    # (a tied best group has std 0 too when all its scores are equal: eps keeps it 0)
+    close(
+        pm.grpo_passk_advantages(scores, group_ids, mask),
+        [[1.0], [0.0], [0.0], [0.0], [0.0], [0.0]],
+    )
+    close(
+        pm.grpo_passk_advantages(scores, group_ids, mask, normalize_by_std=False),
+        [[0.5], [0.0], [0.0], [0.0], [0.0], [0.0]],
+    )
+    adv = pm.grpo_passk_advantages(scores, group_ids, mask, singleton_groups="score")
+    close(adv[5], [0.3])
+
+
+def test_grpo_passk_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        for norm in (True, False):
+            for singleton in pm.SINGLETON_GROUP_CHOICES:
+                adv = pm.grpo_passk_advantages(
+                    scores, group_ids, mask, normalize_by_std=norm, singleton_groups=singleton
+                )
+                expected = ref_passk(scores.tolist(), group_ids.tolist(), norm, singleton)
+                torch.testing.assert_close(
+                    adv,
+                    torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64),
+                    msg=f"{seed} {norm} {singleton}",
+                )
+
+
+def test_gdpo_by_hand():
+    # one group of 4 and two kinds, weighted 2:1: (1,0) (0,1) (1,1) (0,0)
+    components = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    weights = torch.tensor([2.0, 1.0])
+    group_ids = torch.zeros(4, dtype=torch.int64)
+    mask = torch.ones(4, 1)
+    # each kind: mean 0.5, unbiased std √(1/3) -> ±0.5·√3 = ±√3/2 (eps 0 for exactness)
+    h = math.sqrt(3) / 2
+    combined = [2 * h - h, -2 * h + h, 2 * h + h, -2 * h - h]  # (h, -h, 3h, -3h)
+    mean = sum(combined) / 4
+    std = math.sqrt(sum((c - mean) ** 2 for c in combined) / 3)
+    expected = [[(c - mean) / math.sqrt(std**2 + 1e-8)] for c in combined]
+    close(pm.gdpo_advantages(components, weights, group_ids, mask, eps=0.0), expected)
+    with pytest.raises(ValueError, match="component_weights"):
+        pm.gdpo_advantages(components, torch.ones(3), group_ids, mask)
+
+
+def test_gdpo_matches_loop():
+    for seed in range(6):
+        scores, group_ids, mask = random_group_batch(seed)
+        gen = torch.Generator().manual_seed(100 + seed)
+        components = torch.stack(
+            [scores, torch.randint(0, 2, scores.shape, generator=gen).to(torch.float64)], dim=1
+        )
+        weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
+        for singleton in pm.SINGLETON_GROUP_CHOICES:
+            combined = [0.0] * len(scores)
+            for k in range(2):
+                column = components[:, k].tolist()
+                per_kind = ref_grpo(column, group_ids.tolist(), True)
+                for members in ref_groups(column, group_ids.tolist()).values():
+                    if len(members) == 1:
+                        i = members[0]
+                        per_kind[i] = ref_singleton(0.0, column[i], singleton)
+                combined = [
+                    c + float(weights[k]) * a for c, a in zip(combined, per_kind, strict=True)
+                ]
+            expected = ref_whiten(spread(combined, mask.tolist()), mask.tolist())
+            adv = pm.gdpo_advantages(
+                components, weights, group_ids, mask, singleton_groups=singleton
+            )
+            torch.testing.assert_close(
+                adv, torch.tensor(expected, dtype=torch.float64), msg=f"{seed} {singleton}"
+            )
+
+
+def test_remax_by_hand():
+    rewards = torch.tensor([[0.1, 0.0, 1.0], [0.0, 0.5, 0.0]])
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0]])  # a gap in row 0, right padding in row 1
+    baseline = torch.tensor([0.25, 1.0])
+    adv, returns = pm.remax_advantages(rewards, baseline, mask)
+    # row 0 returns-to-go: 0.1 + 1.0 = 1.1 at t0, 1.0 at t2; row 1: 0.5, 0.5
+    close(returns, [[1.1, 0.0, 1.0], [0.5, 0.5, 0.0]])
+    close(adv, [[0.85, 0.0, 0.75], [-0.5, -0.5, 0.0]])
+    with pytest.raises(ValueError, match="baseline_scores"):
+        pm.remax_advantages(rewards, torch.ones(3), mask)
+
+
+def test_remax_matches_loop():
+    for seed, kind, gen, mask in all_masks():
+        rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        rewards[~mask] = float("nan")
+        baseline = torch.randn(mask.shape[0], generator=gen, dtype=torch.float64)
+        adv, returns = pm.remax_advantages(rewards, baseline, mask)
+        exp_adv, exp_ret = [], []
+        for row, mrow, b in zip(rewards.tolist(), mask.tolist(), baseline.tolist(), strict=True):
+            running, ret_row = 0.0, [0.0] * len(row)
+            for t in reversed(range(len(row))):
+                if mrow[t]:
+                    running += row[t]
+                    ret_row[t] = running
+            exp_ret.append(ret_row)
+            exp_adv.append([r - b if m else 0.0 for r, m in zip(ret_row, mrow, strict=True)])
+        where = f"seed={seed} {kind}"
+        torch.testing.assert_close(returns, torch.tensor(exp_ret, dtype=torch.float64), msg=where)
+        torch.testing.assert_close(adv, torch.tensor(exp_adv, dtype=torch.float64), msg=where)
+
+
+def test_truncated_is_weights_by_hand():
+    old = torch.tensor([[math.log(0.5), math.log(0.9), 0.0]])
+    rollout = torch.tensor([[math.log(0.25), math.log(0.9), float("nan")]])
+    mask = torch.tensor([[1, 1, 0]])
+    weights, metrics = pm.truncated_is_weights(old, rollout, mask, cap=1.5)
+    # ratios 2 (capped at 1.5) and 1; padding 0
+    close(weights, [[1.5, 1.0, 0.0]])
+    close(metrics["is_weight_mean"], 1.5)
+    close(metrics["capped_fraction"], 0.5)
+    close(metrics["mismatch_kl"], -LN2 / 2)
+    with pytest.raises(ValueError, match="cap"):
+        pm.truncated_is_weights(old, rollout, mask, cap=0.0)
+
+
+def test_truncated_is_weights_match_loop():
+    for seed, kind, gen, mask in all_masks():
+        old, rollout, _ = policy_batch(gen, mask)
+        weights, _ = pm.truncated_is_weights(old, rollout, mask, cap=1.3)
+        expected = [
+            [min(math.exp(o - r), 1.3) if m else 0.0 for o, r, m in zip(ro, rr, rm, strict=True)]
+            for ro, rr, rm in zip(
+                old.tolist(), rollout.detach().tolist(), mask.tolist(), strict=True
+            )
+        ]
+        torch.testing.assert_close(
+            weights, torch.tensor(expected, dtype=torch.float64), msg=f"seed={seed} {kind}"
+        )
+
+
+# ----------------------------------------------------------- SAPO and DPPO losses
+
+
+def test_sapo_by_hand():
+    old = torch.zeros(1, 3)
+    new = torch.tensor([[0.0, LN2, float("nan")]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, float("nan")]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = pm.sapo_loss(old, new, adv, mask, tau_pos=1.0, tau_neg=2.0)
+    # token 0: ρ = 1 -> gate (4/1)·σ(0) = 2, loss -2; token 1: ρ = 2, τ 2 -> 2·σ(2), loss +2σ(2)
+    sig2 = 1 / (1 + math.exp(-2))
+    close(loss, (-2 + 2 * sig2) / 2)
+    close(metrics["pg_clipfrac"], 0.0)
+    loss.backward()
+    # d/d log π = -A·4σ(1-σ)·ρ, weight 1/2: token 0 -> -1·1·1/2; token 1 -> 4σ(2)(1-σ(2))·2/2
+    close(new.grad, [[-0.5, 4 * sig2 * (1 - sig2), 0.0]])
+    with pytest.raises(ValueError, match="tau"):
+        pm.sapo_loss(old, new, adv, mask, tau_pos=0.0)
+
+
+def test_sapo_matches_loop():
+    tau_pos, tau_neg = 1.0, 1.5
+
+    def ref(old, new, adv, mask):
+        losses, grads = [], []
+        for o, n, a, m in zip(old, new, adv, mask, strict=True):
+            if not m:
+                losses.append(0.0)
+                grads.append(0.0)
+                continue
+            rho = math.exp(n - o)
+            tau = tau_pos if a > 0 else tau_neg
+            sig = 1 / (1 + math.exp(-tau * (rho - 1)))
+            losses.append(-a * sig * 4 / tau)
+            grads.append(-a * 4 * sig * (1 - sig) * rho)
+        return losses, grads
+
+    check_policy_loss(pm.sapo_loss, {"tau_pos": tau_pos, "tau_neg": tau_neg}, ref, "sapo")
+
+
+def test_dppo_tv_by_hand():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.1]]))
+    new = torch.log(torch.tensor([[0.6, 0.8, 0.2, 0.45]])).requires_grad_()
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
+    mask = torch.ones(1, 4)
+    loss, metrics = pm.dppo_tv_loss(
+        old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, max_ratio=4.0
+    )
+    # changes +0.1 (inside), +0.3 (outside, A > 0), -0.3 (outside, A < 0), +0.35 (outside)
+    # only token 0 trains: weight ρ = 1.2 -> loss -1.2 / 4
+    close(loss, -0.3)
+    close(metrics["pg_clipfrac"], 0.75)
+    loss.backward()
+    close(new.grad, [[-0.3, 0.0, 0.0, 0.0]])
+    # a wider region lets token 3 in; its ratio 4.5 is capped at 4
+    loss, metrics = pm.dppo_tv_loss(
+        old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.4, max_ratio=4.0
+    )
+    close(loss, (-1.2 - 1.6 - 4.0) / 4)
+    close(metrics["pg_clipfrac_lower"], 0.25)
+
+
+def test_dppo_tv_matches_loop():
+    low, high, cap = 0.05, 0.08, 1.5
+
+    def ref(old, new, adv, mask):
+        losses, grads = [], []
+        for o, n, a, m in zip(old, new, adv, mask, strict=True):
+            change = math.exp(n) - math.exp(o)
+            inside = change <= high if a > 0 else change >= -low
+            if not (m and inside):
+                losses.append(0.0)
+                grads.append(0.0)
+                continue
+            w = min(math.exp(n - o), cap)
+            losses.append(-a * w)
+            grads.append(-a * w)
+        return losses, grads
+
+    kwargs = {"clip_ratio_low": low, "clip_ratio_high": high, "max_ratio": cap}
+    check_policy_loss(pm.dppo_tv_loss, kwargs, ref, "dppo_tv", probabilities=True)
+
+
+def ref_binary_kl(p_old, p):
+    return p_old * math.log(p_old / p) + (1 - p_old) * math.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+
+
+def test_dppo_kl_by_hand():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.6, 0.9, 0.1]])).requires_grad_()
+    adv = torch.tensor([[1.0, 1.0, 1.0]])
+    mask = torch.ones(1, 3)
+    loss, metrics = pm.dppo_kl_loss(old, new, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.1)
+    # D(0.5‖0.6) ≈ 0.0204 inside; D(0.5‖0.9) ≈ 0.511 outside; p 0.1 < p_old: against
+    # the push, inside whatever D (ratio 0.2)
+    assert ref_binary_kl(0.5, 0.6) < 0.1 < ref_binary_kl(0.5, 0.9)
+    close(loss, (-1.2 - 0.2) / 3)
+    close(metrics["pg_clipfrac"], 1 / 3)
+    loss.backward()
+    close(new.grad, [[-0.4, 0.0, -0.2 / 3]])
+
+
+def test_dppo_kl_matches_loop():
+    low, high, cap = 0.01, 0.02, 1.5
+
+    def ref(old, new, adv, mask):
+        losses, grads = [], []
+        for o, n, a, m in zip(old, new, adv, mask, strict=True):
+            if not m:
+                losses.append(0.0)
+                grads.append(0.0)
+                continue
+            p_old, p = math.exp(o), math.exp(n)
+            d = ref_binary_kl(p_old, p)
+            inside = (d <= high or p <= p_old) if a > 0 else (d <= low or p >= p_old)
+            w = min(math.exp(n - o), cap) if inside else 0.0
+            losses.append(-a * w)
+            grads.append(-a * w)
+        return losses, grads
+
+    kwargs = {"clip_ratio_low": low, "clip_ratio_high": high, "max_ratio": cap}
+    check_policy_loss(pm.dppo_kl_loss, kwargs, ref, "dppo_kl", probabilities=True)
+
+
+def test_registry_uses_each_loss_default_clip_range():
+    gen = torch.Generator().manual_seed(0)
+    mask = make_mask("right_padded", gen)
+    old, new, adv = policy_batch(gen, mask)
+    for name, (low, high) in pm.DEFAULT_CLIP_RATIOS.items():
+        by_default, _ = pm.get_policy_loss(name)(old, new, adv, mask)
+        explicit, _ = pm.get_policy_loss(name)(
+            old, new, adv, mask, clip_ratio_low=low, clip_ratio_high=high
+        )
+        torch.testing.assert_close(by_default, explicit, msg=name)
+    assert pm.resolve_clip_ratios("gspo", None, 0.01) == (3e-4, 0.01)
+    assert pm.resolve_clip_ratios("sapo", None, None) == (0.2, 0.2)

@@ -36,15 +36,14 @@ def process_group():
     init_process_group(0, 1, "127.0.0.1", free_port())
 
 
-def make_worker(model_dir, policy_loss: str) -> ActorWorker:
+def make_worker(model_dir, policy_loss: str, **settings) -> ActorWorker:
     config = RolloutServiceConfig(
         model_path=str(model_dir),
         ppo_mini_batch_samples=4,
         micro_batch_samples=2,
         lr=1e-2,
         policy_loss=policy_loss,
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.2,
+        **({"clip_ratio_low": 0.2, "clip_ratio_high": 0.2} | settings),
     )
     worker = ActorWorker(rank=0, world_size=1, **actor_worker_kwargs(config))
     worker.init_distributed("127.0.0.1", free_port())
@@ -90,3 +89,28 @@ def test_ppo_clip_silences_stale_tokens_but_cispo_trains_on_them(process_group, 
     assert metrics["pg_loss"] == pytest.approx(-1.2)
     assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
     assert moved(before, cispo.policy_weights())
+
+
+def test_sapo_and_dppo_settings_reach_the_loss(process_group, tiny_model_dir):
+    sapo = make_worker(tiny_model_dir, "sapo", sapo_tau_pos=2.0)
+    batch = stale_batch(sapo)
+    before = sapo.policy_weights()
+    metrics = sapo.update_actor(batch)
+    # ratio e, A = 1, τ_pos 2: gate (4/2)·σ(2(e - 1)); the soft gate still trains
+    gate = 2.0 / (1.0 + math.exp(-2.0 * (math.e - 1.0)))
+    assert metrics["pg_loss"] == pytest.approx(-gate, rel=1e-4)
+    assert moved(before, sapo.policy_weights())
+
+    # DPPO-TV with no room to rise: every positive-advantage token is outside
+    frozen = make_worker(tiny_model_dir, "dppo_tv", clip_ratio_high=0.0)
+    before = frozen.policy_weights()
+    metrics = frozen.update_actor(batch)
+    assert metrics["pg_clipfrac"] == pytest.approx(1.0)
+    assert not moved(before, frozen.policy_weights())
+
+    # room for any rise, weights capped at 2 (< e): every token trains with weight 2
+    free = make_worker(tiny_model_dir, "dppo_tv", clip_ratio_high=1.0, dppo_max_ratio=2.0)
+    metrics = free.update_actor(batch)
+    assert metrics["pg_clipfrac"] == pytest.approx(0.0)
+    assert metrics["pg_clipfrac_lower"] == pytest.approx(1.0)
+    assert metrics["pg_loss"] == pytest.approx(-2.0)

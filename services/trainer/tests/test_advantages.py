@@ -110,3 +110,24 @@ def test_algorithm_settings_reach_the_advantage_settings():
         "score",
     )
     assert (settings.kl_kind, settings.kl_in_reward) == ("low_var_kl+", False)
+
+
+def test_remax_subtracts_each_rows_greedy_baseline():
+    batch = _batch(baseline_scores=torch.tensor([0.25, 1.0]))
+    targets, _ = compute_advantages(batch, _settings("remax", kl_in_reward=False), kl_coef=0.0)
+    # no KL: returns-to-go are the score on every token; minus 0.25 and 1.0
+    expected = torch.tensor([[0.75, 0.75, 0.0], [-1.0, -1.0, -1.0]])
+    assert torch.allclose(targets["advantages"], expected)
+    assert torch.allclose(targets["returns"], torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+
+
+def test_gdpo_reads_the_reward_components_and_their_weights():
+    components = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    batch = _batch(reward_components=components)
+    settings = _settings("gdpo", kl_in_reward=False)
+    equal, _ = compute_advantages(batch, settings, 0.0, torch.tensor([1.0, 1.0]))
+    # equal weights: each kind's ±0.707 cancels the other's, nothing to learn
+    assert torch.allclose(equal["advantages"], torch.zeros(2, 3))
+    tilted, _ = compute_advantages(batch, settings, 0.0, torch.tensor([2.0, 1.0]))
+    # the first kind weighs more: row 0 (which has it) up, row 1 down
+    assert tilted["advantages"][0, 0] > 0 > tilted["advantages"][1, 0]

@@ -2,9 +2,10 @@
 
 Everything the trainer and the actor/critic services compute *about* a batch lives
 here: masked statistics, KL estimators and the KL-in-reward penalty, KL-coefficient
-controllers, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, OPO, GPG), entropy,
-loss aggregation, the policy losses (PPO clip, GSPO, CISPO, GMPO, Clip-Cov, KL-Cov,
-REINFORCE) and the clipped value loss.
+controllers, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, OPO, GPG, GRPO pass@k,
+GDPO, ReMax), entropy, loss aggregation, the policy losses (PPO clip, GSPO, CISPO, GMPO,
+Clip-Cov, KL-Cov, REINFORCE, SAPO, DPPO), truncated importance weights against the
+rollout engine's log-probs and the clipped value loss.
 
 The run config chooses advantage estimators, policy losses, KL estimators and loss
 aggregation modes by name from the registries below; each name has an
@@ -60,6 +61,7 @@ from torch import Tensor
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_ESTIMATOR_NOTES",
+    "DEFAULT_CLIP_RATIOS",
     "KL_KINDS",
     "KL_KIND_NOTES",
     "LOSS_AGG_MODES",
@@ -76,12 +78,16 @@ __all__ = [
     "cispo_loss",
     "clip_cov_loss",
     "compute_gae_advantages_returns",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
     "entropy_from_logits",
+    "gdpo_advantages",
     "get_advantage_estimator",
     "get_policy_loss",
     "gmpo_loss",
     "gpg_advantages",
     "grpo_advantages",
+    "grpo_passk_advantages",
     "gspo_loss",
     "kl_cov_loss",
     "kl_loss",
@@ -92,14 +98,20 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "needs_critic",
+    "needs_greedy_baseline",
     "needs_group_ids",
+    "needs_reward_components",
     "opo_advantages",
     "policy_loss",
     "reinforce_loss",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
+    "remax_advantages",
+    "resolve_clip_ratios",
     "rloo_advantages",
+    "sapo_loss",
     "token_rewards_with_kl_penalty",
+    "truncated_is_weights",
     "value_loss",
 ]
 
@@ -933,6 +945,214 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns, mask), returns
 
 
+@torch.no_grad()
+def grpo_passk_advantages(
+    scores: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    normalize_by_std: bool = True,
+    eps: float = 1e-6,
+    singleton_groups: str = "zero",
+) -> Tensor:
+    """GRPO for pass@k (Tang et al., 2025, "Optimizing Language Models for Inference
+    Time Objectives using Reinforcement Learning", arXiv:2503.19595; VeRL's "grpo_passk").
+
+    A group of k samples counts as solved when its best sample is: only that sample
+    gets a signal, ``A_best = (s_max - s_second) / (std_g + eps)`` (without the std
+    when ``normalize_by_std`` is False); the others get 0. With tied best scores the
+    earliest row is the best one, and its advantage is 0.
+
+    Args:
+        scores: Outcome reward per sequence. Shape: (B,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        normalize_by_std: Divide by the group's (unbiased) standard deviation.
+        eps: Added to the std.
+        singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
+
+    Returns:
+        The sequence advantage on each of its response tokens. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes or non-integer ``group_ids``.
+    """
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    empty = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
+    group_max = empty.scatter_reduce(0, index, scores, reduce="amax", include_self=False)[index]
+    # the best sample: the first row (lowest position) holding its group's maximum
+    position = torch.arange(scores.numel(), device=scores.device)
+    candidate = torch.where(
+        scores == group_max, position, torch.full_like(position, scores.numel())
+    )
+    first = torch.zeros(num_groups, dtype=position.dtype, device=scores.device)
+    first = first.scatter_reduce(0, index, candidate, reduce="amin", include_self=False)[index]
+    best = position == first
+    # the runner-up: the largest score among the group's other rows
+    others = torch.where(best, torch.full_like(scores, -math.inf), scores)
+    second = empty.scatter_reduce(0, index, others, reduce="amax", include_self=False)[index]
+    gap = group_max - second
+    if normalize_by_std:
+        mean = _group_sum(scores, index, num_groups) / count
+        centred = scores - mean
+        std = torch.sqrt(_group_sum(centred.square(), index, num_groups) / (count - 1).clamp(min=1))
+        gap = gap / (std + eps)
+    advantages = torch.where(best, gap, torch.zeros_like(gap))
+    advantages = torch.where(count > 1, advantages, _singleton_advantage(scores, singleton_groups))
+    return _broadcast_over_mask(advantages, response_mask)
+
+
+@torch.no_grad()
+def gdpo_advantages(
+    component_scores: Tensor,
+    component_weights: Tensor,
+    group_ids: Tensor,
+    response_mask: Tensor,
+    eps: float = 1e-6,
+    singleton_groups: str = "zero",
+) -> Tensor:
+    """GDPO: normalise each reward component within its group, then combine (Liu et
+    al., 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization for
+    Multi-reward RL Optimization", arXiv:2601.05242).
+
+    Summing K rewards before GRPO's normalisation lets distinct combinations collapse to
+    one advantage (e.g. (1, 0) and (0, 1) in a group); GDPO keeps them apart::
+
+        A_k = GRPO advantage of component k within its group   (mean/std per group)
+        A   = whiten(Σ_k w_k·A_k)                              (over the batch's tokens)
+
+    Args:
+        component_scores: One column per reward component (the reward service's
+            ``scores_<kind>``). Shape: (B, K).
+        component_weights: Weight of each component. Shape: (K,).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        eps: Added to each group std.
+        singleton_groups: What a group of size 1 gets per component before the
+            combination; see :data:`SINGLETON_GROUP_CHOICES`.
+
+    Returns:
+        Whitened advantages, 0 outside the mask. Shape: (B, T).
+
+    Raises:
+        ValueError: On bad shapes, non-integer ``group_ids`` or < 2 response tokens.
+    """
+    _check_2d("component_scores", component_scores)
+    if component_weights.shape != (component_scores.shape[1],):
+        raise ValueError(
+            f"component_weights must have shape ({component_scores.shape[1]},), one per "
+            f"column of component_scores; got {tuple(component_weights.shape)}"
+        )
+    components = _outcome_scores(component_scores)
+    combined = torch.zeros_like(response_mask, dtype=components.dtype)
+    for k in range(components.shape[1]):
+        combined = combined + component_weights[k].to(components.dtype) * grpo_advantages(
+            components[:, k],
+            group_ids,
+            response_mask,
+            eps=eps,
+            singleton_groups=singleton_groups,
+        )
+    # batch-level whitening: the combined advantage's scale no longer grows with K
+    return masked_whiten(combined, response_mask)
+
+
+def _returns_to_go(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """Undiscounted sum of the token rewards from each response token on (tokens
+    outside the mask are skipped). Shape: (B, T), 0 outside the mask."""
+    mask = response_mask.bool()
+    rewards = torch.where(mask, token_rewards, torch.zeros_like(token_rewards))
+    returns = rewards.flip(dims=[1]).cumsum(dim=1).flip(dims=[1])
+    return torch.where(mask, returns, torch.zeros_like(returns))
+
+
+@torch.no_grad()
+def remax_advantages(
+    token_rewards: Tensor, baseline_scores: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """ReMax: REINFORCE with the greedy response's reward as the baseline (Li et al.,
+    2024, "ReMax: A Simple, Effective, and Efficient RL Method for Aligning LLMs",
+    arXiv:2310.10505).
+
+    ``A_t = G_t - b``: the return-to-go of the token rewards (score and KL penalty) minus
+    the score of the greedy (temperature 0) response to the same prompt. The baseline
+    needs no critic and no second sample; its cost is one greedy generation and one
+    reward call per prompt.
+
+    Args:
+        token_rewards: Reward per token (score and KL penalty). Shape: (B, T).
+        baseline_scores: Score of the greedy response to each row's prompt. Shape: (B,).
+        response_mask: 1 for response tokens. Shape: (B, T).
+
+    Returns:
+        ``(advantages, returns)``, both Shape: (B, T), 0 outside the mask.
+
+    Raises:
+        ValueError: On bad shapes.
+    """
+    _check_2d("token_rewards", token_rewards)
+    _check_same_shape(token_rewards=token_rewards, response_mask=response_mask)
+    if baseline_scores.shape != (token_rewards.shape[0],):
+        raise ValueError(
+            f"baseline_scores must have shape ({token_rewards.shape[0]},), one per row; "
+            f"got {tuple(baseline_scores.shape)}"
+        )
+    returns = _returns_to_go(token_rewards, response_mask)
+    baseline = _broadcast_over_mask(baseline_scores.to(returns.dtype), response_mask)
+    return returns - baseline, returns
+
+
+@torch.no_grad()
+def truncated_is_weights(
+    old_logprob: Tensor, rollout_logprob: Tensor, response_mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Truncated importance weights from the rollout engine's policy to the trainer's
+    (Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training", fengyao.notion.site/off-policy-rl; VeRL's token-level "rollout_is").
+
+    The engine that sampled a response (vLLM, or hf generation in another dtype or
+    batch layout) computes slightly different probabilities than the trainer's forward:
+    the samples come from π_rollout, not π_old. Each token's policy-gradient term is
+    weighted by ``w_t = min(π_old(y_t)/π_rollout(y_t), cap)``; the cap bounds the
+    variance a rare token could add.
+
+    Args:
+        old_logprob: Log-probs under the trainer's policy at generation time. Shape: (B, T).
+        rollout_logprob: Log-probs the rollout engine reported for the same tokens.
+            Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        cap: Largest weight (> 0; VeRL's examples use 2).
+
+    Returns:
+        ``(weights, metrics)``: weights Shape: (B, T), 0 outside the mask; metrics
+        (0-dim): ``"is_weight_mean"`` (before the cap), ``"capped_fraction"`` (tokens at
+        the cap), ``"mismatch_kl"`` (mean of log π_rollout - log π_old over tokens: a
+        k1 estimate of KL(π_rollout ‖ π_old) on the engine's own samples).
+
+    Raises:
+        ValueError: On bad shapes, a cap <= 0 or an empty mask.
+    """
+    _check_2d("old_logprob", old_logprob)
+    _check_same_shape(
+        old_logprob=old_logprob, rollout_logprob=rollout_logprob, response_mask=response_mask
+    )
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    mask = response_mask.bool()
+    old_logprob, rollout_logprob = _inside_mask(mask, old_logprob, rollout_logprob)
+    log_ratio = _clamped_log_ratio(old_logprob, rollout_logprob)
+    ratio = torch.exp(log_ratio)
+    weights = torch.where(mask, torch.clamp(ratio, max=cap), torch.zeros_like(ratio))
+    metrics = {
+        "is_weight_mean": masked_mean(ratio, mask),
+        "capped_fraction": masked_mean((ratio > cap).to(ratio.dtype), mask),
+        "mismatch_kl": masked_mean(-log_ratio, mask),
+    }
+    return weights, metrics
+
+
 class AdvantageEstimator(Protocol):
     """Uniform signature of the entries of :data:`ADVANTAGE_ESTIMATORS`.
 
@@ -957,6 +1177,9 @@ class AdvantageEstimator(Protocol):
         normalize_advantages: bool = True,
         norm_adv_by_std: bool = True,
         singleton_groups: str = "zero",
+        baseline_scores: Tensor | None = None,
+        component_scores: Tensor | None = None,
+        component_weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -982,8 +1205,12 @@ def _gae_estimator(
     normalize_advantages: bool = True,
     norm_adv_by_std: bool = True,
     singleton_groups: str = "zero",
+    baseline_scores: Tensor | None = None,
+    component_scores: Tensor | None = None,
+    component_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     del group_ids, norm_adv_by_std, singleton_groups
+    del baseline_scores, component_scores, component_weights
     return compute_gae_advantages_returns(
         token_rewards,
         _require("values", "gae", values),
@@ -1005,8 +1232,12 @@ def _grpo_estimator(
     normalize_advantages: bool = True,
     norm_adv_by_std: bool = True,
     singleton_groups: str = "zero",
+    baseline_scores: Tensor | None = None,
+    component_scores: Tensor | None = None,
+    component_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     del values, gamma, lam, normalize_advantages
+    del baseline_scores, component_scores, component_weights
     advantages = grpo_advantages(
         _sequence_scores(token_rewards, response_mask),
         _require("group_ids", "grpo", group_ids),
@@ -1032,8 +1263,12 @@ def _group_estimator(name: str, advantage_fn: Callable[..., Tensor]) -> Advantag
         normalize_advantages: bool = True,
         norm_adv_by_std: bool = True,
         singleton_groups: str = "zero",
+        baseline_scores: Tensor | None = None,
+        component_scores: Tensor | None = None,
+        component_weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         del values, gamma, lam, normalize_advantages, norm_adv_by_std
+        del baseline_scores, component_scores, component_weights
         advantages = advantage_fn(
             _sequence_scores(token_rewards, response_mask),
             _require("group_ids", name, group_ids),
@@ -1057,9 +1292,90 @@ def _reinforce_plus_plus_estimator(
     normalize_advantages: bool = True,
     norm_adv_by_std: bool = True,
     singleton_groups: str = "zero",
+    baseline_scores: Tensor | None = None,
+    component_scores: Tensor | None = None,
+    component_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     del values, group_ids, lam, normalize_advantages, norm_adv_by_std, singleton_groups
+    del baseline_scores, component_scores, component_weights
     return reinforce_plus_plus_advantages(token_rewards, response_mask, gamma)
+
+
+def _grpo_passk_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+    norm_adv_by_std: bool = True,
+    singleton_groups: str = "zero",
+    baseline_scores: Tensor | None = None,
+    component_scores: Tensor | None = None,
+    component_weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    del values, gamma, lam, normalize_advantages
+    del baseline_scores, component_scores, component_weights
+    advantages = grpo_passk_advantages(
+        _sequence_scores(token_rewards, response_mask),
+        _require("group_ids", "grpo_passk", group_ids),
+        response_mask,
+        normalize_by_std=norm_adv_by_std,
+        singleton_groups=singleton_groups,
+    )
+    return advantages, advantages
+
+
+def _gdpo_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+    norm_adv_by_std: bool = True,
+    singleton_groups: str = "zero",
+    baseline_scores: Tensor | None = None,
+    component_scores: Tensor | None = None,
+    component_weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    # the token rewards' KL penalty is not a reward component: GDPO reads the components
+    del token_rewards, values, gamma, lam, normalize_advantages, norm_adv_by_std
+    del baseline_scores
+    advantages = gdpo_advantages(
+        _require("component_scores", "gdpo", component_scores),
+        _require("component_weights", "gdpo", component_weights),
+        _require("group_ids", "gdpo", group_ids),
+        response_mask,
+        singleton_groups=singleton_groups,
+    )
+    return advantages, advantages
+
+
+def _remax_estimator(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    group_ids: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_advantages: bool = True,
+    norm_adv_by_std: bool = True,
+    singleton_groups: str = "zero",
+    baseline_scores: Tensor | None = None,
+    component_scores: Tensor | None = None,
+    component_weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    del values, group_ids, gamma, lam, normalize_advantages, norm_adv_by_std
+    del singleton_groups, component_scores, component_weights
+    return remax_advantages(
+        token_rewards, _require("baseline_scores", "remax", baseline_scores), response_mask
+    )
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -1072,6 +1388,9 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     ),
     "opo": _group_estimator("opo", opo_advantages),
     "gpg": _group_estimator("gpg", gpg_advantages),
+    "grpo_passk": _grpo_passk_estimator,
+    "gdpo": _gdpo_estimator,
+    "remax": _remax_estimator,
 }
 """Advantage estimators by config name, all with the :class:`AdvantageEstimator` signature."""
 
@@ -1107,11 +1426,32 @@ ADVANTAGE_ESTIMATOR_NOTES: dict[str, AlgorithmNote] = {
         'Chu et al. 2025, "GPG: A Simple and Strong RL Baseline for Model Reasoning", '
         "arXiv:2504.02546",
     ),
+    "grpo_passk": AlgorithmNote(
+        "pass@k: only each group's best response gets a signal, its score minus the "
+        "runner-up's, over the group's std",
+        'Tang et al. 2025, "Optimizing Language Models for Inference Time Objectives using '
+        'RL", arXiv:2503.19595',
+    ),
+    "gdpo": AlgorithmNote(
+        "each reward kind (the reward service's scores_<kind>) normalised within its "
+        "group, weighted sum, whitened over the batch",
+        'Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy '
+        'Optimization", arXiv:2601.05242',
+    ),
+    "remax": AlgorithmNote(
+        "return-to-go minus the score of the greedy response to the same prompt (one "
+        "extra greedy generation and reward call per prompt)",
+        'Li et al. 2024, "ReMax: A Simple, Effective, and Efficient RL Method", arXiv:2310.10505',
+    ),
 }
 """One line per advantage estimator, with its paper."""
 
 _NEEDS_CRITIC = frozenset({"gae"})
-_NEEDS_GROUP_IDS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"})
+_NEEDS_GROUP_IDS = frozenset(
+    {"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo"}
+)
+_NEEDS_GREEDY_BASELINE = frozenset({"remax"})
+_NEEDS_COMPONENTS = frozenset({"gdpo"})
 
 
 def _check_estimator_name(name: str) -> None:
@@ -1138,6 +1478,18 @@ def needs_group_ids(name: str) -> bool:
     """Whether estimator ``name`` compares samples of the same prompt (n > 1 per prompt)."""
     _check_estimator_name(name)
     return name in _NEEDS_GROUP_IDS
+
+
+def needs_greedy_baseline(name: str) -> bool:
+    """Whether estimator ``name`` needs the score of a greedy response per prompt."""
+    _check_estimator_name(name)
+    return name in _NEEDS_GREEDY_BASELINE
+
+
+def needs_reward_components(name: str) -> bool:
+    """Whether estimator ``name`` reads each reward kind's score separately."""
+    _check_estimator_name(name)
+    return name in _NEEDS_COMPONENTS
 
 
 # ------------------------------------------------------------------------ losses
@@ -1751,13 +2103,226 @@ def reinforce_loss(
     return loss, _policy_metrics(loss, log_ratio, mask)
 
 
+def sapo_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    loss_agg_mode: str = "seq-mean-token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO: a soft, temperature-controlled gate in place of the hard clip (Gao et al.,
+    2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347).
+
+    Each token's ratio passes through ``f(ρ) = (4/τ)·σ(τ·(ρ - 1))``, with τ = τ_pos for
+    A > 0 and τ_neg otherwise::
+
+        L_t = -f(ρ_t)·A_t
+
+    At ρ = 1 the gate's slope is 1, so an on-policy step is plain policy gradient; as ρ
+    leaves 1 the gradient ``A·4σ(1-σ)·ρ·∇log π`` decays smoothly instead of being cut
+    off. A larger τ_neg damps negative-advantage tokens faster (the paper's finding:
+    they destabilise training more). The paper aggregates per sequence, the default.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        tau_pos: Gate temperature for positive advantages (> 0).
+        tau_neg: Gate temperature for zero or negative advantages (> 0).
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss` (both clip fractions 0: nothing is
+        clipped).
+
+    Raises:
+        ValueError: On bad shapes, a temperature <= 0, an unknown mode or an empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos} and {tau_neg}")
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(
+        advantages > 0,
+        torch.full_like(ratio, tau_pos),
+        torch.full_like(ratio, tau_neg),
+    )
+    # the soft gate: value 1 and slope 1 at ρ = 1, flat far from it
+    gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+    losses = -gate * advantages
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    return loss, _policy_metrics(loss, log_ratio, mask)
+
+
+def _divergence_masked_loss(
+    logprob: Tensor,
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    inside: Tensor,
+    max_ratio: float,
+    loss_agg_mode: str,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO's shared step: policy gradient weighted by the truncated ratio on the tokens
+    ``inside`` the trust region, none elsewhere."""
+    ratio = torch.exp(log_ratio)
+    # sg[min(ρ, C)]·∇log π = ∇ρ below the cap: the unclipped surrogate's gradient
+    weight = torch.clamp(ratio, max=max_ratio).detach()
+    score_function = torch.exp(logprob - logprob.detach())
+    kept = inside.to(logprob.dtype)
+    losses = -advantages * weight * kept * score_function
+    loss = aggregate_loss(losses, mask, loss_agg_mode)
+    outside = masked_mean(1 - kept, mask)
+    capped = masked_mean(((ratio > max_ratio) & inside).to(logprob.dtype), mask)
+    return loss, _policy_metrics(loss, log_ratio, mask, outside, capped)
+
+
+def _check_dppo(clip_ratio_low: float, clip_ratio_high: float, max_ratio: float) -> None:
+    if clip_ratio_low < 0 or clip_ratio_high < 0:
+        raise ValueError(
+            f"DPPO divergence thresholds must be >= 0, got {clip_ratio_low} and {clip_ratio_high}"
+        )
+    if not max_ratio > 0:
+        raise ValueError(f"max_ratio must be > 0, got {max_ratio}")
+
+
+def dppo_tv_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.15,
+    clip_ratio_high: float = 0.15,
+    max_ratio: float = 20.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-TV: a trust region on the sampled token's probability, not its ratio
+    (Qi et al., 2026, "Rethinking the Trust Region in LLM Reinforcement Learning",
+    arXiv:2602.04879).
+
+    PPO's ratio clip is loose for likely tokens (p 0.9 → 1.0 is ratio 1.1) and harsh for
+    rare ones (p 0.001 → 0.01 is ratio 10). DPPO bounds the change of probability
+    itself, the total variation of the binary (token, not token) distribution, on the
+    side the advantage pushes::
+
+        inside_t = p_t - p_old,t <= δ_high   where A_t > 0
+                   p_t - p_old,t >= -δ_low   otherwise
+        L_t = -A_t · sg[min(ρ_t, C)] · ∇log π_θ(y_t) · inside_t    (value -A·sg[min(ρ, C)])
+
+    ``C`` truncates the importance weight (the paper uses it instead of a dual clip;
+    keep it large: truncation biases the gradient).
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: δ_low, the most a negative-advantage token's probability may fall.
+        clip_ratio_high: δ_high, the most a positive-advantage token's probability may rise.
+        max_ratio: C > 0, the cap on the importance weight.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`policy_loss`; ``"pg_clipfrac"`` is the fraction of
+        response tokens outside the trust region, ``"pg_clipfrac_lower"`` of those inside
+        whose weight was capped.
+
+    Raises:
+        ValueError: On bad shapes, negative thresholds, a cap <= 0, an unknown mode or an
+            empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_dppo(clip_ratio_low, clip_ratio_high, max_ratio)
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    change = (torch.exp(logprob) - torch.exp(old_logprob)).detach()
+    inside = torch.where(advantages > 0, change <= clip_ratio_high, change >= -clip_ratio_low)
+    return _divergence_masked_loss(
+        logprob, log_ratio, advantages, mask, inside, max_ratio, loss_agg_mode
+    )
+
+
+def dppo_kl_loss(
+    old_logprob: Tensor,
+    logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.05,
+    clip_ratio_high: float = 0.05,
+    max_ratio: float = 20.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-KL (Qi et al., 2026, arXiv:2602.04879): :func:`dppo_tv_loss` with the
+    KL divergence of the binary distributions (p_old, 1 - p_old) ‖ (p, 1 - p) as the
+    trust region::
+
+        D_t = p_old·log(p_old/p) + (1 - p_old)·log((1 - p_old)/(1 - p))
+        inside_t = D_t <= δ_high or p <= p_old   where A_t > 0
+                   D_t <= δ_low  or p >= p_old   otherwise
+
+    A token moving against its advantage's push stays inside whatever its divergence
+    (the update would bring it back). The default δ = 0.05 is rlserve's: by Pinsker's
+    inequality a TV of 0.15 (the paper's DPPO-TV threshold) is a binary KL of at least
+    2·0.15² = 0.045.
+
+    Args:
+        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
+        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        advantages: Per-token advantages. Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        clip_ratio_low: δ_low, the divergence allowed to a negative-advantage token.
+        clip_ratio_high: δ_high, the divergence allowed to a positive-advantage token.
+        max_ratio: C > 0, the cap on the importance weight.
+        loss_agg_mode: See :func:`aggregate_loss`.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`dppo_tv_loss`.
+
+    Raises:
+        ValueError: On bad shapes, negative thresholds, a cap <= 0, an unknown mode or an
+            empty mask.
+    """
+    _check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    _check_dppo(clip_ratio_low, clip_ratio_high, max_ratio)
+    mask = response_mask.bool()
+    old_logprob, logprob, advantages = _inside_mask(mask, old_logprob, logprob, advantages)
+    log_ratio = _clamped_log_ratio(logprob, old_logprob)
+    new_logprob = logprob.detach()
+    p_old, p = torch.exp(old_logprob), torch.exp(new_logprob)
+    # the 1e-8 keeps log(1 - p) finite for a token of probability 1
+    divergence = p_old * (old_logprob - new_logprob) + (1 - p_old) * (
+        torch.log(1 - p_old + 1e-8) - torch.log(1 - p + 1e-8)
+    )
+    inside = torch.where(
+        advantages > 0,
+        (divergence <= clip_ratio_high) | (p <= p_old),
+        (divergence <= clip_ratio_low) | (p >= p_old),
+    )
+    return _divergence_masked_loss(
+        logprob, log_ratio, advantages, mask, inside, max_ratio, loss_agg_mode
+    )
+
+
 class PolicyLoss(Protocol):
     """Uniform signature of the entries of :data:`POLICY_LOSSES`.
 
     Each loss reads the knobs it has and ignores the others: ``clip_ratio_low/high``
-    (vanilla, gspo, cispo, gmpo, clip_cov), ``clip_ratio_dual`` (vanilla),
-    ``clip_cov_fraction``/``clip_cov_low``/``clip_cov_high``/``generator`` (clip_cov),
-    ``kl_cov_fraction``/``kl_cov_coef`` (kl_cov); ``loss_agg_mode`` (all).
+    (vanilla, gspo, cispo, gmpo, clip_cov; the divergence thresholds of dppo_tv and
+    dppo_kl; None = the loss's own default, :data:`DEFAULT_CLIP_RATIOS`),
+    ``clip_ratio_dual`` (vanilla), ``clip_cov_fraction``/``clip_cov_low``/
+    ``clip_cov_high``/``generator`` (clip_cov), ``kl_cov_fraction``/``kl_cov_coef``
+    (kl_cov), ``sapo_tau_pos``/``sapo_tau_neg`` (sapo), ``dppo_max_ratio`` (dppo_tv,
+    dppo_kl); ``loss_agg_mode`` (all).
     """
 
     def __call__(
@@ -1767,8 +2332,8 @@ class PolicyLoss(Protocol):
         advantages: Tensor,
         response_mask: Tensor,
         *,
-        clip_ratio_low: float = 0.2,
-        clip_ratio_high: float = 0.2,
+        clip_ratio_low: float | None = None,
+        clip_ratio_high: float | None = None,
         clip_ratio_dual: float | None = None,
         loss_agg_mode: str = "token-mean",
         clip_cov_fraction: float = 2e-4,
@@ -1776,6 +2341,9 @@ class PolicyLoss(Protocol):
         clip_cov_high: float = 5.0,
         kl_cov_fraction: float = 2e-3,
         kl_cov_coef: float = 1.0,
+        sapo_tau_pos: float = 1.0,
+        sapo_tau_neg: float = 1.05,
+        dppo_max_ratio: float = 20.0,
         generator: torch.Generator | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
@@ -1790,8 +2358,8 @@ def _policy_loss_entry(name: str) -> PolicyLoss:
         advantages: Tensor,
         response_mask: Tensor,
         *,
-        clip_ratio_low: float = 0.2,
-        clip_ratio_high: float = 0.2,
+        clip_ratio_low: float | None = None,
+        clip_ratio_high: float | None = None,
         clip_ratio_dual: float | None = None,
         loss_agg_mode: str = "token-mean",
         clip_cov_fraction: float = 2e-4,
@@ -1799,10 +2367,14 @@ def _policy_loss_entry(name: str) -> PolicyLoss:
         clip_cov_high: float = 5.0,
         kl_cov_fraction: float = 2e-3,
         kl_cov_coef: float = 1.0,
+        sapo_tau_pos: float = 1.0,
+        sapo_tau_neg: float = 1.05,
+        dppo_max_ratio: float = 20.0,
         generator: torch.Generator | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         inputs = (old_logprob, logprob, advantages, response_mask)
-        clip = {"clip_ratio_low": clip_ratio_low, "clip_ratio_high": clip_ratio_high}
+        low, high = resolve_clip_ratios(name, clip_ratio_low, clip_ratio_high)
+        clip = {"clip_ratio_low": low, "clip_ratio_high": high}
         if name == "vanilla":
             return policy_loss(
                 *inputs, **clip, clip_ratio_dual=clip_ratio_dual, loss_agg_mode=loss_agg_mode
@@ -1832,6 +2404,18 @@ def _policy_loss_entry(name: str) -> PolicyLoss:
             )
         if name == "reinforce":
             return reinforce_loss(*inputs, loss_agg_mode=loss_agg_mode)
+        if name == "sapo":
+            return sapo_loss(
+                *inputs, tau_pos=sapo_tau_pos, tau_neg=sapo_tau_neg, loss_agg_mode=loss_agg_mode
+            )
+        if name == "dppo_tv":
+            return dppo_tv_loss(
+                *inputs, **clip, max_ratio=dppo_max_ratio, loss_agg_mode=loss_agg_mode
+            )
+        if name == "dppo_kl":
+            return dppo_kl_loss(
+                *inputs, **clip, max_ratio=dppo_max_ratio, loss_agg_mode=loss_agg_mode
+            )
         raise ValueError(f"no policy loss {name!r}")  # unreachable: names come from the notes
 
     entry.__name__ = f"_{name}_policy_loss"
@@ -1873,8 +2457,50 @@ POLICY_LOSS_NOTES: dict[str, AlgorithmNote] = {
         "-A·ratio, no clip: REINFORCE's gradient on-policy, importance-weighted after",
         'Williams 1992, "Simple Statistical Gradient-Following Algorithms"',
     ),
+    "sapo": AlgorithmNote(
+        "soft gate (4/τ)·σ(τ(ratio-1)) instead of a clip, τ = actor.sapo_tau_pos/neg by "
+        "the advantage's sign; use seq-mean-token-mean",
+        'Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347',
+    ),
+    "dppo_tv": AlgorithmNote(
+        "policy gradient only where the token's probability moved less than "
+        "clip_ratio_low/high (total variation, default 0.15), ratio capped at "
+        "actor.dppo_max_ratio",
+        'Qi et al. 2026, "Rethinking the Trust Region in LLM RL", arXiv:2602.04879',
+    ),
+    "dppo_kl": AlgorithmNote(
+        "dppo_tv with the binary KL of the token's probability as the trust region (default 0.05)",
+        'Qi et al. 2026, "Rethinking the Trust Region in LLM RL", arXiv:2602.04879',
+    ),
 }
 """One line per policy loss, with its paper."""
+
+DEFAULT_CLIP_RATIOS: dict[str, tuple[float, float]] = {
+    "vanilla": (0.2, 0.2),
+    "gspo": (3e-4, 4e-4),
+    "cispo": (0.2, 0.2),
+    "gmpo": (1 - math.exp(-0.4), math.exp(0.4) - 1),
+    "clip_cov": (0.2, 0.2),
+    "dppo_tv": (0.15, 0.15),
+    "dppo_kl": (0.05, 0.05),
+}
+"""(clip_ratio_low, clip_ratio_high) each loss uses when the config leaves them unset:
+its paper's values (PPO's 0.2; GSPO's sequence-ratio range; GMPO's (e^-0.4, e^0.4);
+DPPO's divergence thresholds). Losses without a clip (kl_cov, reinforce, sapo) are not
+listed."""
+
+
+def resolve_clip_ratios(
+    policy_loss_name: str, clip_ratio_low: float | None, clip_ratio_high: float | None
+) -> tuple[float, float]:
+    """The clip range ``policy_loss_name`` trains with: each value given, else the loss's
+    default (:data:`DEFAULT_CLIP_RATIOS`; PPO's 0.2 for a loss that reads no clip)."""
+    default_low, default_high = DEFAULT_CLIP_RATIOS.get(policy_loss_name, (0.2, 0.2))
+    return (
+        default_low if clip_ratio_low is None else clip_ratio_low,
+        default_high if clip_ratio_high is None else clip_ratio_high,
+    )
+
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     name: _policy_loss_entry(name) for name in POLICY_LOSS_NOTES

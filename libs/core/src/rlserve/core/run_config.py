@@ -34,6 +34,7 @@ from rlserve.core.ppo_math import (
     POLICY_LOSS_NOTES,
     SINGLETON_GROUP_CHOICES,
     AlgorithmNote,
+    needs_greedy_baseline,
     needs_group_ids,
 )
 from rlserve.core.ppo_math import needs_critic as estimator_needs_critic
@@ -298,10 +299,14 @@ class ActorConfig(ConfigModel):
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward/backward pass on one worker (per worker; gradients accumulate
     over micro-batches up to the mini-batch)."""
-    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
-    """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
-    clip_ratio_high: float = Field(0.2, ge=0)
-    """PPO clip: the ratio is kept below 1 + clip_ratio_high."""
+    clip_ratio_low: float | None = Field(None, ge=0, lt=1)
+    """PPO clip: the ratio is kept above 1 - clip_ratio_low (dppo_tv/dppo_kl: the
+    divergence allowed to a negative-advantage token). None = the policy loss's own
+    default: 0.2, gspo 3e-4, gmpo 0.33, dppo_tv 0.15, dppo_kl 0.05."""
+    clip_ratio_high: float | None = Field(None, ge=0)
+    """PPO clip: the ratio is kept below 1 + clip_ratio_high (dppo_tv/dppo_kl: the
+    divergence allowed to a positive-advantage token). None = the policy loss's own
+    default: 0.2, gspo 4e-4, gmpo 0.49, dppo_tv 0.15, dppo_kl 0.05."""
     clip_ratio_dual: float | None = Field(None, gt=1)
     """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off.
     Read by policy_loss 'vanilla' only."""
@@ -326,6 +331,14 @@ class ActorConfig(ConfigModel):
     only (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""
     kl_cov_coef: float = Field(1.0, ge=0)
     """KL-Cov: weight β of the |log ratio| penalty on the selected tokens."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """SAPO: gate temperature of positive-advantage tokens (larger = the gradient fades
+    sooner as the ratio leaves 1); policy_loss 'sapo' only."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """SAPO: gate temperature of zero and negative-advantage tokens."""
+    dppo_max_ratio: float = Field(20.0, gt=0)
+    """DPPO: cap on the importance weight of the tokens inside the trust region;
+    policy_loss 'dppo_tv'/'dppo_kl' only (keep it large: the cap biases the gradient)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Weight of the entropy bonus."""
     use_kl_loss: bool = False
@@ -510,7 +523,7 @@ class AlgorithmConfig(ConfigModel):
     false is Dr. GRPO (no std division: easy and hard prompts are not up-weighted)."""
     singleton_groups: SingletonGroups = "zero"
     """What a prompt group of one response gets from the group estimators (grpo, rloo,
-    reinforce_plus_plus_baseline, opo, gpg): 'zero' (no other response to compare with,
+    reinforce_plus_plus_baseline, opo, gpg, grpo_passk, gdpo): 'zero' (no other response to compare with,
     so no signal) or 'score' (baseline 0: its raw score passes through, as VeRL does).
     A run's groups all hold rollout.responses_per_prompt >= 2 responses today; this
     decides what a group cut down to one would get."""
@@ -528,6 +541,12 @@ class AlgorithmConfig(ConfigModel):
     linearly with its length; 0 = off."""
     overlong_penalty_factor: float = Field(1.0, ge=0, allow_inf_nan=False)
     """The punishment at rollout.max_new_tokens tokens."""
+    rollout_is_cap: float | None = Field(None, gt=0)
+    """Rollout correction: weight each token's policy-gradient term by the truncated
+    importance weight min(π_old/π_rollout, this) between the trainer's log-probs and
+    those the generating engine reported (vLLM and hf generation compute slightly
+    different probabilities than the trainer's forward); None = off, 2.0 is usual.
+    Costs the rollout's log-probs in GenerateSequences; metrics rollout_is/*."""
     filter_overlong: bool = False
     """DAPO's overlong filtering: responses cut off at rollout.max_new_tokens without EOS
     get zero advantage, so they add no policy-gradient signal (the actor trains on whole
@@ -911,12 +930,39 @@ class RunConfig(ConfigModel):
                     )
                 )
         issues += self._dapo_issues()
+        issues += self._catalogue_issues()
         issues += self._request_size_issues()
         issues += self._request_token_issues()
         issues += self._vllm_context_issues()
         if issues:
             raise ConfigError(issues)
         return self
+
+    def _catalogue_issues(self) -> list[tuple[str, str]]:
+        algorithm, issues = self.algorithm, []
+        if algorithm.rollout_is_cap is not None and self.actor.policy_loss in (
+            "clip_cov",
+            "kl_cov",
+        ):
+            # the weights scale the advantages, which these losses also use to pick tokens
+            issues.append(
+                (
+                    "algorithm.rollout_is_cap",
+                    f"is not supported with actor.policy_loss {self.actor.policy_loss!r} (its "
+                    "token selection reads the advantages the weights scale); set it to null "
+                    "or choose another loss",
+                )
+            )
+        if needs_greedy_baseline(algorithm.adv_estimator) and self.rollout.temperature == 0:
+            issues.append(
+                (
+                    "rollout.temperature",
+                    f"is 0 (greedy), so every sample equals the greedy baseline of "
+                    f"{algorithm.adv_estimator!r} and all advantages are zero; use a "
+                    "temperature > 0",
+                )
+            )
+        return issues
 
     def _dapo_issues(self) -> list[tuple[str, str]]:
         algorithm, issues = self.algorithm, []

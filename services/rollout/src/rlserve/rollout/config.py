@@ -86,10 +86,11 @@ class RolloutServiceConfig(ConfigModel):
     micro_batch_samples: int = Field(16, ge=1)
     """Samples per forward/backward pass on one worker; gradients accumulate over a
     worker's share of the mini-batch."""
-    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
-    """PPO clip: the ratio is kept above 1 - clip_ratio_low."""
-    clip_ratio_high: float = Field(0.2, ge=0)
-    """PPO clip: the ratio is kept below 1 + clip_ratio_high."""
+    clip_ratio_low: float | None = Field(None, ge=0, lt=1)
+    """PPO clip: the ratio is kept above 1 - clip_ratio_low (the DPPO losses' divergence
+    threshold); None = the policy loss's default (rlserve.core.ppo_math.DEFAULT_CLIP_RATIOS)."""
+    clip_ratio_high: float | None = Field(None, ge=0)
+    """PPO clip: the ratio is kept below 1 + clip_ratio_high; None = the loss's default."""
     clip_ratio_dual: float | None = Field(None, gt=1)
     """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off
     (policy_loss 'vanilla' only)."""
@@ -109,6 +110,12 @@ class RolloutServiceConfig(ConfigModel):
     """KL-Cov: fraction of a micro-batch's response tokens that pay the |log ratio| penalty."""
     kl_cov_coef: float = Field(1.0, ge=0)
     """KL-Cov: weight of the |log ratio| penalty."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """SAPO: gate temperature of positive-advantage tokens."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """SAPO: gate temperature of zero and negative-advantage tokens."""
+    dppo_max_ratio: float = Field(20.0, gt=0)
+    """DPPO: cap on the importance weight of tokens inside the trust region."""
     entropy_coef: float = Field(0.0, ge=0)
     """Weight of the entropy bonus (subtracted from the loss)."""
     use_kl_loss: bool = False

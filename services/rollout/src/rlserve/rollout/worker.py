@@ -125,8 +125,9 @@ class PolicyLossSettings:
 
     policy_loss: str
     """Name in ppo_math.POLICY_LOSSES ("vanilla" = PPO clip, "gspo", "cispo", ...)."""
-    clip_ratio_low: float
-    clip_ratio_high: float
+    clip_ratio_low: float | None
+    """None = the loss's own default (ppo_math.DEFAULT_CLIP_RATIOS)."""
+    clip_ratio_high: float | None
     clip_ratio_dual: float | None
     loss_agg_mode: str
     clip_cov_fraction: float
@@ -134,6 +135,9 @@ class PolicyLossSettings:
     clip_cov_high: float
     kl_cov_fraction: float
     kl_cov_coef: float
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    dppo_max_ratio: float
     entropy_coef: float
     use_kl_loss: bool
     kl_loss_coef: float
@@ -179,6 +183,9 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
             clip_cov_high=config.clip_cov_high,
             kl_cov_fraction=config.kl_cov_fraction,
             kl_cov_coef=config.kl_cov_coef,
+            sapo_tau_pos=config.sapo_tau_pos,
+            sapo_tau_neg=config.sapo_tau_neg,
+            dppo_max_ratio=config.dppo_max_ratio,
             entropy_coef=config.entropy_coef,
             use_kl_loss=config.use_kl_loss,
             kl_loss_coef=config.kl_loss_coef,
@@ -508,6 +515,9 @@ class ActorWorker:
             clip_cov_high=loss_settings.clip_cov_high,
             kl_cov_fraction=loss_settings.kl_cov_fraction,
             kl_cov_coef=loss_settings.kl_cov_coef,
+            sapo_tau_pos=loss_settings.sapo_tau_pos,
+            sapo_tau_neg=loss_settings.sapo_tau_neg,
+            dppo_max_ratio=loss_settings.dppo_max_ratio,
         )
         entropy = aggregate_loss(scores.entropy, mask, loss_settings.loss_agg_mode)
         if loss_settings.entropy_coef > 0:

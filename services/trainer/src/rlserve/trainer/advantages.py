@@ -16,7 +16,9 @@ from rlserve.core.ppo_math import (
     kl_penalty,
     masked_mean,
     needs_critic,
+    needs_greedy_baseline,
     needs_group_ids,
+    needs_reward_components,
     token_rewards_with_kl_penalty,
 )
 from rlserve.core.run_config import RunConfig
@@ -56,12 +58,17 @@ def advantage_settings(config: RunConfig) -> AdvantageSettings:
 
 
 def compute_advantages(
-    batch: Batch, settings: AdvantageSettings, kl_coef: float
+    batch: Batch,
+    settings: AdvantageSettings,
+    kl_coef: float,
+    component_weights: torch.Tensor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Returns ({"advantages", "returns"} (B, R) float32, metrics of 0-dim tensors).
 
     Needs tensors response_mask, scores, old_log_probs; ref_log_probs when
-    settings.kl_in_reward; values for "gae"; non-tensor uid for group estimators.
+    settings.kl_in_reward; values for "gae"; non-tensor uid for group estimators;
+    baseline_scores (B,) for "remax"; reward_components (B, K) and `component_weights`
+    (K,) for "gdpo".
     """
     mask = batch["response_mask"].float()
     scores = batch["scores"].float()
@@ -90,6 +97,15 @@ def compute_advantages(
         normalize_advantages=settings.whiten_advantages,
         norm_adv_by_std=settings.norm_adv_by_std,
         singleton_groups=settings.singleton_groups,
+        baseline_scores=(
+            batch["baseline_scores"].float() if needs_greedy_baseline(settings.estimator) else None
+        ),
+        component_scores=(
+            batch["reward_components"].float()
+            if needs_reward_components(settings.estimator)
+            else None
+        ),
+        component_weights=component_weights,
     )
     metrics["advantages_mean"] = masked_mean(advantages, mask)
     metrics["returns_mean"] = masked_mean(returns, mask)

@@ -34,7 +34,10 @@ from rlserve.core.ppo_math import (
     AdaptiveKLController,
     FixedKLController,
     masked_mean,
+    needs_greedy_baseline,
+    needs_reward_components,
     overlong_penalty,
+    truncated_is_weights,
     truncated_responses,
 )
 from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
@@ -143,6 +146,8 @@ class PPOTrainer:
         self.kl_controller = _kl_controller(config)
         self.state = TrainerState()
         self.advantage_settings = advantage_settings(config)
+        # GDPO's reward kinds and weights, from the reward service on first use
+        self._kind_weights: dict[str, float] | None = None
 
     # --- one step ---------------------------------------------------------------------
 
@@ -163,23 +168,71 @@ class PPOTrainer:
             seed=self.config.trainer.seed * 1_000_003 + step + round_index * 100_000_007,
         )
 
-    async def _generate(self, rows: list[PromptRow], sampling: rollout_pb2.SamplingParams):
+    async def _generate(
+        self,
+        rows: list[PromptRow],
+        sampling: rollout_pb2.SamplingParams,
+        return_log_probs: bool = False,
+    ):
         request = rollout_pb2.GenerateSequencesRequest(
             prompts=batch_to_proto(prompt_batch(rows, self.tokenizer)),
             sampling=sampling,
             expected_weights_version=self.state.weights_version,
+            return_log_probs=return_log_probs,
         )
         response = await self.clients.rollout.call("GenerateSequences", request)
         return batch_from_proto(response.batch), dict(response.metrics)
 
-    async def _shaped_scores(self, batch: Batch) -> torch.Tensor:
-        """The reward service's scores, plus DAPO's overlong penalty when it is on
-        (algorithm.overlong_buffer_tokens). Shape: (B,) float32."""
-        scores = (await self._score(batch))["scores"].float()
+    async def _generate_step(self, rows: list[PromptRow], sampling: rollout_pb2.SamplingParams):
+        """A training generation: with the engine's log-probs when rollout correction
+        (algorithm.rollout_is_cap) needs them."""
+        wants_log_probs = self.config.algorithm.rollout_is_cap is not None
+        return await self._generate(rows, sampling, return_log_probs=wants_log_probs)
+
+    async def _rewards(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """{"scores": (B,) float32}: the reward service's scores, plus DAPO's overlong
+        penalty when it is on (algorithm.overlong_buffer_tokens). For GDPO also
+        "reward_components" (B, K): each reward kind's score (and the overlong penalty as
+        a kind of its own), in the order of `_component_weights`."""
+        scored = await self._score(batch)
+        scores = scored["scores"].float()
         algorithm = self.config.algorithm
-        if algorithm.overlong_buffer_tokens:
-            scores = scores + self._overlong_penalty(batch)
-        return scores
+        penalty = self._overlong_penalty(batch) if algorithm.overlong_buffer_tokens else None
+        if penalty is not None:
+            scores = scores + penalty
+        rewards = {"scores": scores}
+        if needs_reward_components(algorithm.adv_estimator):
+            kinds = await self._reward_kinds()
+            columns = [scored[f"scores_{kind}"].float() for kind in kinds]
+            if penalty is not None:
+                columns.append(penalty)
+            rewards["reward_components"] = torch.stack(columns, dim=1)
+        return rewards
+
+    async def _reward_kinds(self) -> list[str]:
+        """The reward service's kinds, in a fixed order (asked once)."""
+        if self._kind_weights is None:
+            info = await self.clients.reward.call(
+                "GetInfo", reward_pb2.RewardServiceGetInfoRequest()
+            )
+            self._kind_weights = dict(sorted(info.kind_weights.items()))
+        return list(self._kind_weights)
+
+    def _component_weights(self) -> torch.Tensor | None:
+        """GDPO's weight per column of reward_components: each kind's weight in the
+        reward service, then 1 for the overlong penalty."""
+        if self._kind_weights is None:
+            return None
+        weights = list(self._kind_weights.values())
+        if self.config.algorithm.overlong_buffer_tokens:
+            weights.append(1.0)
+        return torch.tensor(weights, dtype=torch.float32)
+
+    async def _greedy_baseline(self, rows: list[PromptRow], step: int) -> torch.Tensor:
+        """ReMax's baseline: the score of the greedy response to each prompt, one
+        generation (temperature 0, one response) and one reward call. Shape: (prompts,)."""
+        greedy, _ = await self._generate(rows, self._sampling(step, greedy=True))
+        return (await self._rewards(greedy))["scores"]
 
     def _overlong_penalty(self, batch: Batch) -> torch.Tensor:
         return overlong_penalty(
@@ -198,9 +251,10 @@ class PPOTrainer:
         gen_metrics: dict[str, float] = {}
         for round_index in range(self.config.algorithm.dynamic_sampling_max_rounds):
             rows = self.stream.next_rows(wanted)
-            batch, gen_metrics = await self._generate(rows, self._sampling(step, round_index))
-            scores = await self._shaped_scores(batch)
-            batch = Batch({**batch.tensors, "scores": scores}, batch.non_tensors, batch.meta)
+            batch, gen_metrics = await self._generate_step(rows, self._sampling(step, round_index))
+            rewards = await self._rewards(batch)
+            scores = rewards["scores"]
+            batch = Batch({**batch.tensors, **rewards}, batch.non_tensors, batch.meta)
             generated_groups += len(rows)
             informative = informative_rows(scores, batch["uid"])
             if bool(informative.any()):
@@ -244,6 +298,24 @@ class PPOTrainer:
         metrics = {"overlong/truncated_fraction": float(truncated.float().mean())}
         return Batch(tensors, batch.non_tensors, batch.meta), metrics
 
+    def _with_rollout_correction(
+        self, actor_batch: Batch, batch: Batch
+    ) -> tuple[Batch, dict[str, float]]:
+        """The actor's batch with each token's advantage times its truncated importance
+        weight min(π_old/π_rollout, algorithm.rollout_is_cap). Every policy loss but
+        clip_cov/kl_cov (refused by the run config) is linear in the advantage and
+        branches on its sign only, so this is the same as weighting each token's
+        policy-gradient term; the entropy and KL-loss terms stay unweighted."""
+        weights, metrics = truncated_is_weights(
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            self.config.algorithm.rollout_is_cap,
+        )
+        tensors = {**actor_batch.tensors, "advantages": actor_batch["advantages"] * weights}
+        corrected = Batch(tensors, actor_batch.non_tensors, actor_batch.meta)
+        return corrected, {f"rollout_is/{key}": float(value) for key, value in metrics.items()}
+
     async def _score(self, batch: Batch) -> Batch:
         reward_input = batch.select(
             tensor_keys=["input_ids", "attention_mask"],
@@ -281,7 +353,7 @@ class PPOTrainer:
         else:
             rows = self.stream.next_rows(config.trainer.prompts_per_step)
             batch, gen_metrics = await _timed(
-                "generate", timings, self._generate(rows, self._sampling(step))
+                "generate", timings, self._generate_step(rows, self._sampling(step))
             )
         staleness = self.state.weights_version - int(batch.meta["weights_version"])
 
@@ -297,7 +369,10 @@ class PPOTrainer:
             ),
         }
         if "scores" not in batch.tensors:
-            forwards["reward"] = self._shaped_scores(batch)
+            forwards["reward"] = self._rewards(batch)
+        if needs_greedy_baseline(config.algorithm.adv_estimator):
+            # dynamic sampling needs a group estimator, so `rows` is this step's prompts
+            forwards["greedy_baseline"] = self._greedy_baseline(rows, step)
         if self.clients.reference is not None:
             forwards["ref_log_prob"] = self.clients.reference.call(
                 "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(batch=sequences)
@@ -321,7 +396,11 @@ class PPOTrainer:
         log_probs = batch_from_proto(results["log_prob"].batch)
         extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
         if "reward" in results:
-            extra["scores"] = results["reward"]
+            extra.update(results["reward"])
+        if "greedy_baseline" in results:
+            # each sample gets the greedy score of its prompt (uid = the prompt's index)
+            prompt_index = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
+            extra["baseline_scores"] = results["greedy_baseline"][prompt_index]
         if "ref_log_prob" in results:
             extra["ref_log_probs"] = batch_from_proto(results["ref_log_prob"].batch)[
                 "ref_log_probs"
@@ -335,7 +414,7 @@ class PPOTrainer:
         math_started = time.perf_counter()
         with tracing.span("trainer.advantages", batch_size=len(batch)):
             targets, adv_metrics = compute_advantages(
-                batch, self.advantage_settings, self.kl_controller.value
+                batch, self.advantage_settings, self.kl_controller.value, self._component_weights()
             )
         timings["time/advantages_s"] = time.perf_counter() - math_started
         batch = Batch(
@@ -349,6 +428,9 @@ class PPOTrainer:
         filter_metrics = {}
         if config.algorithm.filter_overlong:
             actor_batch, filter_metrics = self._without_truncated_signal(actor_batch)
+        if config.algorithm.rollout_is_cap is not None:
+            actor_batch, correction_metrics = self._with_rollout_correction(actor_batch, batch)
+            filter_metrics.update(correction_metrics)
         updates: dict[str, Awaitable[Any]] = {
             "update_actor": self.clients.rollout.call(
                 "UpdateActor",
@@ -413,6 +495,8 @@ class PPOTrainer:
         }
         if config.algorithm.overlong_buffer_tokens:
             metrics["overlong/penalty_mean"] = float(self._overlong_penalty(batch).mean())
+        if "baseline_scores" in batch.tensors:
+            metrics["remax/baseline_mean"] = float(batch["baseline_scores"].mean())
         if "update_critic" in update_results:
             metrics.update(
                 {f"critic/{k}": v for k, v in update_results["update_critic"].metrics.items()}
