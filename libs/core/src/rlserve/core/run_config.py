@@ -523,8 +523,8 @@ class AlgorithmConfig(ConfigModel):
     false is Dr. GRPO (no std division: easy and hard prompts are not up-weighted)."""
     singleton_groups: SingletonGroups = "zero"
     """What a prompt group of one response gets from the group estimators (grpo, rloo,
-    reinforce_plus_plus_baseline, opo, gpg, grpo_passk, gdpo): 'zero' (no other response to compare with,
-    so no signal) or 'score' (baseline 0: its raw score passes through, as VeRL does).
+    reinforce_plus_plus_baseline, opo, gpg, grpo_passk, gdpo): 'zero' (no other response
+    to compare with, so no signal) or 'score' (baseline 0: its raw score passes through, as VeRL does).
     A run's groups all hold rollout.responses_per_prompt >= 2 responses today; this
     decides what a group cut down to one would get."""
     dynamic_sampling: bool = False
