@@ -524,8 +524,8 @@ class AlgorithmConfig(ConfigModel):
     singleton_groups: SingletonGroups = "zero"
     """What a prompt group of one response gets from the group estimators (grpo, rloo,
     reinforce_plus_plus_baseline, opo, gpg, grpo_passk, gdpo): 'zero' (no other response
-    to compare with, so no signal) or 'score' (baseline 0: its raw score passes through, as VeRL does).
-    A run's groups all hold rollout.responses_per_prompt >= 2 responses today; this
+    to compare with, so no signal) or 'score' (baseline 0: its raw score passes through,
+    as VeRL does). A run's groups all hold rollout.responses_per_prompt >= 2 responses today; this
     decides what a group cut down to one would get."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): train only on prompt
