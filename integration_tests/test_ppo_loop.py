@@ -164,11 +164,17 @@ def test_remax_and_rollout_correction_through_the_services(serve_cluster, embedd
 
 def test_gdpo_and_dppo_through_the_services(serve_cluster, embedded, tmp_path):
     """GDPO reads each reward kind's score from the reward service (and its weights from
-    GetInfo); the DPPO loss trains on it."""
+    GetInfo); the DPPO loss trains on it, normalised by each mini-batch's token count
+    over 4 micro-batches."""
     config = tiny_run_config(
         tmp_path,
         algorithm={"adv_estimator": "gdpo", "kl_ctrl": {"kl_coef": 0.0}},
-        actor={"policy_loss": "dppo_tv"},
+        actor={
+            "policy_loss": "dppo_tv",
+            "loss_normalizer": "mini_batch",
+            "ppo_mini_batch_prompts": 4,
+            "micro_batch_samples": 4,
+        },
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )

@@ -8,6 +8,7 @@ gaps, random with an empty row) and prompt groups of size 1..4.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -2009,3 +2010,62 @@ def test_registry_uses_each_loss_default_clip_range():
         torch.testing.assert_close(by_default, explicit, msg=name)
     assert pm.resolve_clip_ratios("gspo", None, 0.01) == (3e-4, 0.01)
     assert pm.resolve_clip_ratios("sapo", None, None) == (0.2, 0.2)
+
+
+# ------------------------------------------------------ mini-batch normalisation
+
+
+def test_mini_batch_loss_scale_by_hand():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # 3 tokens, 2 sequences
+    scale = functools.partial(
+        pm.mini_batch_loss_scale, mini_batch_tokens=12, mini_batch_sequences=8
+    )
+    # 2 ranks × 2 micro-batches average 4 losses: 3/12 of the tokens -> 3/12 · 4 = 1
+    close(scale(mask, "token-mean", ranks=2, accumulation_steps=2), 1.0)
+    # 2 of 8 sequences, averaged over 4 -> 1
+    close(scale(mask, "seq-mean-token-mean", ranks=2, accumulation_steps=2), 1.0)
+    close(scale(mask, "seq-mean-token-sum-norm", ranks=1, accumulation_steps=2), 0.5)
+    close(scale(mask, "token-sum", ranks=2, accumulation_steps=3), 6.0)
+    with pytest.raises(ValueError, match="mini_batch_tokens"):
+        pm.mini_batch_loss_scale(
+            mask,
+            "token-mean",
+            mini_batch_tokens=0,
+            mini_batch_sequences=1,
+            ranks=1,
+            accumulation_steps=1,
+        )
+
+
+def test_mini_batch_loss_scale_makes_the_loss_independent_of_the_split():
+    """Σ over ranks and micro-batches of scale · loss / (ranks · steps), what the engine
+    backpropagates, equals the loss of the whole mini-batch, value and gradient."""
+    for seed in SEEDS:
+        for kind in MASK_KINDS[:3]:  # every row holds a token
+            gen = torch.Generator().manual_seed(seed)
+            mask = make_mask(kind, gen, batch=8, length=6)
+            for mode in pm.LOSS_AGG_MODES:
+                for ranks, steps in ((1, 1), (1, 4), (2, 2), (4, 2)):
+                    values = torch.randn(8, 6, generator=gen, dtype=torch.float64)
+                    values.requires_grad_()
+                    whole = pm.aggregate_loss(values, mask, mode)
+                    (expected_grad,) = torch.autograd.grad(whole, values)
+                    tokens, sequences = float(mask.sum()), float(mask.any(dim=1).sum())
+                    rows = 8 // (ranks * steps)
+                    total = torch.zeros((), dtype=torch.float64)
+                    for piece in range(ranks * steps):
+                        part = slice(piece * rows, (piece + 1) * rows)
+                        scale = pm.mini_batch_loss_scale(
+                            mask[part],
+                            mode,
+                            mini_batch_tokens=tokens,
+                            mini_batch_sequences=sequences,
+                            ranks=ranks,
+                            accumulation_steps=steps,
+                        )
+                        loss = pm.aggregate_loss(values[part], mask[part], mode, norm_tokens=6)
+                        total = total + scale * loss / (ranks * steps)
+                    (grad,) = torch.autograd.grad(total, values)
+                    where = f"seed={seed} {kind} {mode} ranks={ranks} steps={steps}"
+                    torch.testing.assert_close(total, whole.detach(), msg=where)
+                    torch.testing.assert_close(grad, expected_grad, msg=where)

@@ -20,6 +20,7 @@ from rlserve.rollout.engine import (
     RolloutController,
     controller_settings,
     update_row_plan,
+    with_mini_batch_counts,
 )
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.worker import ActorWorker, actor_worker_kwargs
@@ -600,3 +601,18 @@ def test_gradient_checkpointing_trains_the_same_weights(process_group, tiny_mode
     )
     for key, weight in after_kept.items():
         torch.testing.assert_close(after_recomputed[key], weight, atol=1e-6, rtol=0, msg=key)
+
+
+def test_each_row_carries_its_mini_batch_counts():
+    # 2 ranks, shares of 2 rows: rank r's block k is its half of mini-batch k
+    def share(rows):
+        return Batch({"response_mask": torch.tensor(rows)})
+
+    rank0 = share([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]])
+    rank1 = share([[1, 1, 1], [1, 0, 0], [1, 0, 0], [0, 0, 0]])
+    counted = with_mini_batch_counts([rank0, rank1], share_rows=2)
+    # mini-batch 0: 3 + 4 tokens in 4 sequences; mini-batch 1: 3 + 1 tokens, 2 with any
+    for rank in counted:
+        assert rank["mini_batch_tokens"].tolist() == [7.0, 7.0, 4.0, 4.0]
+        assert rank["mini_batch_sequences"].tolist() == [4.0, 4.0, 2.0, 2.0]
+    assert torch.equal(counted[0]["response_mask"], rank0["response_mask"])

@@ -40,10 +40,9 @@ def make_worker(model_dir, policy_loss: str, **settings) -> ActorWorker:
     config = RolloutServiceConfig(
         model_path=str(model_dir),
         ppo_mini_batch_samples=4,
-        micro_batch_samples=2,
         lr=1e-2,
         policy_loss=policy_loss,
-        **({"clip_ratio_low": 0.2, "clip_ratio_high": 0.2} | settings),
+        **({"micro_batch_samples": 2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2} | settings),
     )
     worker = ActorWorker(rank=0, world_size=1, **actor_worker_kwargs(config))
     worker.init_distributed("127.0.0.1", free_port())
@@ -114,3 +113,31 @@ def test_sapo_and_dppo_settings_reach_the_loss(process_group, tiny_model_dir):
     assert metrics["pg_clipfrac"] == pytest.approx(0.0)
     assert metrics["pg_clipfrac_lower"] == pytest.approx(1.0)
     assert metrics["pg_loss"] == pytest.approx(-2.0)
+
+
+def test_mini_batch_normalisation_makes_the_gradient_independent_of_micro_batches(
+    process_group, tiny_model_dir
+):
+    """One mini-batch of 4 rows whose first two responses keep 1 of 3 tokens: a token
+    mean per micro-batch of 2 weighs those tokens 3× more than the mean over all 10
+    tokens does; normalised by the mini-batch's count, 2 micro-batches give the gradient
+    of 1."""
+    probe = make_worker(tiny_model_dir, "reinforce")
+    batch = stale_batch(probe)
+    mask = batch["response_mask"].clone()
+    mask[:2, 1:] = 0
+    batch = Batch({**batch.tensors, "response_mask": mask})
+    counts = {
+        "mini_batch_tokens": torch.full((4,), float(mask.sum())),
+        "mini_batch_sequences": torch.full((4,), 4.0),
+    }
+    norms = {}
+    for micro in (2, 4):
+        for normaliser, tensors in (("micro_batch", {}), ("mini_batch", counts)):
+            worker = make_worker(tiny_model_dir, "reinforce", micro_batch_samples=micro)
+            metrics = worker.update_actor(Batch({**batch.tensors, **tensors}))
+            norms[micro, normaliser] = metrics["grad_norm"]
+    assert norms[2, "mini_batch"] == pytest.approx(norms[4, "mini_batch"], rel=1e-4)
+    # one micro-batch of the whole mini-batch: both normalisers are the same loss
+    assert norms[4, "micro_batch"] == pytest.approx(norms[4, "mini_batch"], rel=1e-4)
+    assert norms[2, "micro_batch"] != pytest.approx(norms[4, "micro_batch"], rel=1e-2)

@@ -97,6 +97,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mini_batch_loss_scale",
     "needs_critic",
     "needs_greedy_baseline",
     "needs_group_ids",
@@ -1602,6 +1603,69 @@ def aggregate_loss(
         per_sequence = masked_mean(loss_mat, response_mask, dim=1)
     # average over the sequences that have at least one response token
     return masked_mean(per_sequence, response_mask.bool().any(dim=1))
+
+
+def mini_batch_loss_scale(
+    response_mask: Tensor,
+    mode: str,
+    *,
+    mini_batch_tokens: float,
+    mini_batch_sequences: float,
+    ranks: int,
+    accumulation_steps: int,
+) -> Tensor:
+    """Factor that makes a micro-batch's :func:`aggregate_loss` its share of the loss over
+    the whole mini-batch, so the gradient does not depend on how the mini-batch is split
+    over data-parallel ranks and micro-batches.
+
+    :func:`aggregate_loss` divides by the micro-batch's own count (tokens for
+    "token-mean", sequences with a token for the "seq-mean-*" modes), and the training
+    engine then averages the micro-batches' gradients (÷ accumulation_steps) and the
+    ranks' (÷ ranks). With ``n`` the micro-batch's count and ``N`` the mini-batch's::
+
+        scale = n / N · ranks · accumulation_steps     (token-mean, seq-mean-*)
+        scale = ranks · accumulation_steps             (token-sum: the mini-batch's sum)
+
+    so the sum over micro-batches and mean over ranks of ``scale · loss`` is the loss of
+    the mini-batch taken as one batch (VeRL's global-batch normalisation).
+
+    Args:
+        response_mask: The micro-batch's response mask. Shape: (B, T).
+        mode: One of :data:`LOSS_AGG_MODES`.
+        mini_batch_tokens: Response tokens in the whole mini-batch, every rank (> 0).
+        mini_batch_sequences: Sequences with a response token in it, every rank (> 0).
+        ranks: Data-parallel ranks the mini-batch is split over (>= 1).
+        accumulation_steps: Micro-batches per rank in the mini-batch (>= 1).
+
+    Returns:
+        The factor. Shape: () (0-dim).
+
+    Raises:
+        ValueError: On an unknown mode or non-positive counts.
+    """
+    _check_2d("response_mask", response_mask)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(
+            f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}"
+        )
+    if not (mini_batch_tokens > 0 and mini_batch_sequences > 0):
+        raise ValueError(
+            "mini_batch_tokens and mini_batch_sequences must be > 0, got "
+            f"{mini_batch_tokens} and {mini_batch_sequences}"
+        )
+    if ranks < 1 or accumulation_steps < 1:
+        raise ValueError(
+            f"ranks and accumulation_steps must be >= 1, got {ranks}, {accumulation_steps}"
+        )
+    mask = response_mask.bool()
+    averaged_over = float(ranks * accumulation_steps)
+    if mode == "token-sum":
+        return torch.tensor(averaged_over)
+    if mode == "token-mean":
+        share = mask.sum() / mini_batch_tokens
+    else:
+        share = mask.any(dim=1).sum() / mini_batch_sequences
+    return share.to(torch.float32) * averaged_over
 
 
 def _check_policy_inputs(

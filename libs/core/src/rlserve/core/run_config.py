@@ -317,7 +317,13 @@ class ActorConfig(ConfigModel):
         "token-mean", json_schema_extra=_choices(LOSS_AGG_MODE_NOTES)
     )
     """How a micro-batch's token losses (policy, entropy and KL loss) become one number;
-    micro-batches and workers are then averaged, so 'token-sum' is the micro-batch's sum."""
+    micro-batches and workers are then averaged, so 'token-sum' is the micro-batch's sum
+    (see loss_normalizer)."""
+    loss_normalizer: Literal["micro_batch", "mini_batch"] = "micro_batch"
+    """Whose count divides the loss_agg_mode's sums: each micro-batch's own tokens (or
+    sequences), then micro-batches and workers averaged; or 'mini_batch': the whole
+    optimizer step's, across workers and micro-batches, so the gradient does not depend
+    on how a mini-batch is split (VeRL's global-batch normalisation)."""
     clip_cov_fraction: float = Field(2e-4, gt=0, le=1)
     """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped
     (picked at random among those in the covariance band); policy_loss 'clip_cov' only."""

@@ -100,6 +100,10 @@ class RolloutServiceConfig(ConfigModel):
     loss_agg_mode: LossAggMode = "token-mean"
     """How token losses of a micro-batch become one number (rlserve.core.ppo_math
     .aggregate_loss)."""
+    loss_normalizer: Literal["micro_batch", "mini_batch"] = "micro_batch"
+    """Whose token (or sequence) count divides the loss: each micro-batch's own, or the
+    whole mini-batch's across workers and micro-batches (the gradient then does not
+    depend on how a mini-batch is split)."""
     clip_cov_fraction: float = Field(2e-4, gt=0, le=1)
     """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped."""
     clip_cov_low: float = 1.0

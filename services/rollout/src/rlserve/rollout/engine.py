@@ -164,6 +164,9 @@ class ControllerSettings:
     seed: int
     kept_update_results: int
     worker_call_timeout_s: float
+    loss_normalizer: str = "micro_batch"
+    """"mini_batch": each row carries its mini-batch's token and sequence counts, and the
+    workers normalise their loss by them (rlserve.core.ppo_math.mini_batch_loss_scale)."""
     serve_reference: bool = False
     """Workers hold frozen initial weights and answer ComputeRefLogProb."""
     checkpoint_root: str | None = None
@@ -505,7 +508,10 @@ class RolloutController:
         keys = list(UPDATE_KEYS) + (["ref_log_probs"] if settings.use_kl_loss else [])
         work = batch.select(tensor_keys=keys, non_tensor_keys=[], meta_keys=[])
         plan = update_row_plan(rows, mini, workers, settings.ppo_epochs, settings.seed + step)
-        return [work.index(rank_rows) for rank_rows in plan]
+        shares = [work.index(rank_rows) for rank_rows in plan]
+        if settings.loss_normalizer == "mini_batch":
+            shares = with_mini_batch_counts(shares, mini // workers)
+        return shares
 
     async def _call(self, work: Awaitable[T], deadline: Deadline, stage: str) -> T:
         timeout_s = min(self.settings.worker_call_timeout_s, deadline.remaining_s())
@@ -575,6 +581,30 @@ def update_row_plan(
     return [torch.cat(parts) for parts in order]
 
 
+def with_mini_batch_counts(shares: list[Batch], share_rows: int) -> list[Batch]:
+    """Each rank's rows plus, per row, the response tokens and the sequences with a
+    token of the whole mini-batch it trains in (every rank's share of it): the counts a
+    worker normalises its loss by so that the split over ranks and micro-batches does
+    not change the gradient. Rank r's k-th block of `share_rows` rows is its share of
+    mini-batch k."""
+    masks = [share["response_mask"].bool() for share in shares]
+    blocks = masks[0].shape[0] // share_rows
+    tokens = torch.zeros(blocks)
+    sequences = torch.zeros(blocks)
+    for mask in masks:
+        per_block = mask.view(blocks, share_rows, -1)
+        tokens += per_block.sum(dim=(1, 2))
+        sequences += per_block.any(dim=2).sum(dim=1)
+    counted = []
+    for share in shares:
+        extra = {
+            "mini_batch_tokens": tokens.repeat_interleave(share_rows),
+            "mini_batch_sequences": sequences.repeat_interleave(share_rows),
+        }
+        counted.append(Batch({**share.tensors, **extra}, share.non_tensors, share.meta))
+    return counted
+
+
 async def _shielded(work: Awaitable[T]) -> T:
     """Runs `work` as a task that a cancelled caller does not cancel."""
     return await asyncio.shield(asyncio.ensure_future(work))
@@ -634,6 +664,7 @@ def controller_settings(
         seed=config.seed,
         kept_update_results=config.kept_update_results,
         worker_call_timeout_s=config.worker_call_timeout_s,
+        loss_normalizer=config.loss_normalizer,
         serve_reference=config.serve_reference,
         checkpoint_root=config.checkpoint_root,
     )

@@ -46,7 +46,12 @@ from rlserve.core.batch import Batch
 from rlserve.core.devices import resolve_device
 from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, save_adapter
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
-from rlserve.core.ppo_math import aggregate_loss, get_policy_loss, kl_loss
+from rlserve.core.ppo_math import (
+    aggregate_loss,
+    get_policy_loss,
+    kl_loss,
+    mini_batch_loss_scale,
+)
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
     forward_micro_batches,
@@ -533,6 +538,16 @@ class ActorWorker:
             )
             loss = loss + loss_settings.kl_loss_coef * kl
             metrics.update(kl_metrics)
+        if "mini_batch_tokens" in micro.tensors:
+            # the metrics stay this micro-batch's means; the gradient becomes its share
+            loss = loss * mini_batch_loss_scale(
+                mask,
+                loss_settings.loss_agg_mode,
+                mini_batch_tokens=float(micro["mini_batch_tokens"][0]),
+                mini_batch_sequences=float(micro["mini_batch_sequences"][0]),
+                ranks=self.world_size,
+                accumulation_steps=self.optimizer_settings.grad_accum_steps,
+            ).to(loss.device)
         return loss, metrics
 
     # ---- weights and checkpoints --------------------------------------------------------

@@ -59,6 +59,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
             "clip_ratio_dual": actor.clip_ratio_dual,
             "policy_loss": actor.policy_loss,
             "loss_agg_mode": actor.loss_agg_mode,
+            "loss_normalizer": actor.loss_normalizer,
             "clip_cov_fraction": actor.clip_cov_fraction,
             "clip_cov_low": actor.clip_cov_low,
             "clip_cov_high": actor.clip_cov_high,
