@@ -190,6 +190,31 @@ def test_gdpo_and_dppo_through_the_services(serve_cluster, embedded, tmp_path):
         assert math.isfinite(record["actor/pg_loss"])
 
 
+def test_optimal_token_baseline_through_the_services(serve_cluster, embedded, tmp_path):
+    """The optimal token baseline asks the rollout for Σπ² with the log-probs and reads
+    the rollout-correction weights; DPPO-KL trains on its advantages."""
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={
+            "adv_estimator": "optimal_token_baseline",
+            "kl_ctrl": {"kl_coef": 0.0},
+            "rollout_is_cap": 2.0,
+        },
+        actor={"policy_loss": "dppo_kl"},
+        rollout={"responses_per_prompt": 4},
+        trainer={"total_steps": 2, "prompts_per_step": 8},
+    )
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
+    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["rollout_is/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert math.isfinite(record["advantages_mean"])
+        assert math.isfinite(record["actor/pg_loss"])
+
+
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 4, "checkpoint_every_steps": 2})
     inputs = run_inputs(embedded)

@@ -629,6 +629,7 @@ def test_registry_names_and_critic_needs():
         "grpo_passk",
         "gdpo",
         "remax",
+        "optimal_token_baseline",
     }
     assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_critic(n)] == ["gae"]
     assert {n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_group_ids(n)} == {
@@ -639,8 +640,12 @@ def test_registry_names_and_critic_needs():
         "gpg",
         "grpo_passk",
         "gdpo",
+        "optimal_token_baseline",
     }
     assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_greedy_baseline(n)] == ["remax"]
+    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_sum_pi_squared(n)] == [
+        "optimal_token_baseline"
+    ]
     assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_reward_components(n)] == ["gdpo"]
 
 
@@ -660,10 +665,18 @@ def test_registry_unknown_name():
 
 def test_registry_missing_inputs():
     x = torch.zeros(2, 3)
+    nothing = pm.EstimatorInputs()
     with pytest.raises(ValueError, match="'gae' needs values"):
-        pm.get_advantage_estimator("gae")(x, torch.ones(2, 3))
+        pm.get_advantage_estimator("gae")(x, torch.ones(2, 3), nothing)
     with pytest.raises(ValueError, match="'rloo' needs group_ids"):
-        pm.get_advantage_estimator("rloo")(x, torch.ones(2, 3))
+        pm.get_advantage_estimator("rloo")(x, torch.ones(2, 3), nothing)
+    with pytest.raises(ValueError, match="'remax' needs baseline_scores"):
+        pm.get_advantage_estimator("remax")(x, torch.ones(2, 3), nothing)
+    with_groups = pm.EstimatorInputs(group_ids=torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="'gdpo' needs component_scores"):
+        pm.get_advantage_estimator("gdpo")(x, torch.ones(2, 3), with_groups)
+    with pytest.raises(ValueError, match="'optimal_token_baseline' needs old_logprob"):
+        pm.get_advantage_estimator("optimal_token_baseline")(x, torch.ones(2, 3), with_groups)
 
 
 def test_registry_entries_call_the_plain_functions():
@@ -674,6 +687,11 @@ def test_registry_entries_call_the_plain_functions():
     values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
     scores = pm.masked_sum(token_rewards, mask, dim=1)
     kwargs = {"values": values, "group_ids": group_ids, "gamma": 0.9, "lam": 0.95}
+
+    def run(name, **overrides):
+        inputs = pm.EstimatorInputs(**(kwargs | overrides))
+        return pm.get_advantage_estimator(name)(token_rewards, mask, inputs)
+
     expected = {
         "gae": pm.compute_gae_advantages_returns(token_rewards, values, mask, 0.9, 0.95),
         "grpo": (pm.grpo_advantages(scores, group_ids, mask),) * 2,
@@ -685,27 +703,50 @@ def test_registry_entries_call_the_plain_functions():
         * 2,
         "opo": (pm.opo_advantages(scores, group_ids, mask),) * 2,
         "gpg": (pm.gpg_advantages(scores, group_ids, mask),) * 2,
+        "grpo_passk": (pm.grpo_passk_advantages(scores, group_ids, mask),) * 2,
     }
     for name, (exp_adv, exp_ret) in expected.items():
-        adv, ret = pm.get_advantage_estimator(name)(token_rewards, mask, **kwargs)
+        adv, ret = run(name)
         torch.testing.assert_close(adv, exp_adv, msg=name)
         torch.testing.assert_close(ret, exp_ret, msg=name)
     # normalize_advantages reaches GAE's whitening (only), norm_adv_by_std GRPO's std
-    adv, _ = pm.get_advantage_estimator("gae")(
-        token_rewards, mask, normalize_advantages=False, **kwargs
-    )
+    adv, _ = run("gae", normalize_advantages=False)
     torch.testing.assert_close(
         adv, pm.compute_gae_advantages_returns(token_rewards, values, mask, 0.9, 0.95, False)[0]
     )
-    adv, _ = pm.get_advantage_estimator("grpo")(
-        token_rewards, mask, normalize_advantages=False, **kwargs
-    )
+    adv, _ = run("grpo", normalize_advantages=False)
     torch.testing.assert_close(adv, pm.grpo_advantages(scores, group_ids, mask))
-    adv, _ = pm.get_advantage_estimator("grpo")(
-        token_rewards, mask, norm_adv_by_std=False, **kwargs
-    )
+    adv, _ = run("grpo", norm_adv_by_std=False)
     torch.testing.assert_close(
         adv, pm.grpo_advantages(scores, group_ids, mask, normalize_by_std=False)
+    )
+    adv, _ = run("grpo_passk", norm_adv_by_std=False)
+    torch.testing.assert_close(
+        adv, pm.grpo_passk_advantages(scores, group_ids, mask, normalize_by_std=False)
+    )
+    # the inputs of the estimators that read more than rewards and groups
+    baseline = torch.randn(group_ids.numel(), generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        run("remax", baseline_scores=baseline),
+        pm.remax_advantages(token_rewards, baseline, mask),
+    )
+    components = torch.stack([scores, -scores], dim=1)
+    weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    adv, _ = run("gdpo", component_scores=components, component_weights=weights)
+    torch.testing.assert_close(adv, pm.gdpo_advantages(components, weights, group_ids, mask))
+    old = -torch.rand(mask.shape, generator=gen, dtype=torch.float64)
+    squares = torch.rand(mask.shape, generator=gen, dtype=torch.float64)
+    token_weights = torch.rand(mask.shape, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        run(
+            "optimal_token_baseline",
+            old_logprob=old,
+            sum_pi_squared=squares,
+            token_weights=token_weights,
+        ),
+        pm.optimal_token_baseline_advantages(
+            token_rewards, mask, group_ids, old, squares, token_weights
+        ),
     )
     # singleton_groups reaches every group estimator
     group_fns = {
@@ -714,11 +755,10 @@ def test_registry_entries_call_the_plain_functions():
         "reinforce_plus_plus_baseline": pm.reinforce_plus_plus_baseline_advantages,
         "opo": pm.opo_advantages,
         "gpg": pm.gpg_advantages,
+        "grpo_passk": pm.grpo_passk_advantages,
     }
     for name, fn in group_fns.items():
-        adv, _ = pm.get_advantage_estimator(name)(
-            token_rewards, mask, singleton_groups="score", **kwargs
-        )
+        adv, _ = run(name, singleton_groups="score")
         torch.testing.assert_close(
             adv, fn(scores, group_ids, mask, singleton_groups="score"), msg=name
         )
@@ -2069,3 +2109,90 @@ def test_mini_batch_loss_scale_makes_the_loss_independent_of_the_split():
                     where = f"seed={seed} {kind} {mode} ranks={ranks} steps={steps}"
                     torch.testing.assert_close(total, whole.detach(), msg=where)
                     torch.testing.assert_close(grad, expected_grad, msg=where)
+
+
+# -------------------------------------------------------- optimal token baseline
+
+
+def ref_otb(rewards, mask, group_ids, old, squares, weights, singleton_groups, eps=1e-8):
+    """Per group and position: B_t = Σ G·W / Σ W over the group's rows holding token t."""
+    rows, width = len(rewards), len(rewards[0])
+    returns = [[0.0] * width for _ in range(rows)]
+    path = [[0.0] * width for _ in range(rows)]
+    for b in range(rows):
+        running = 0.0
+        for t in reversed(range(width)):
+            if mask[b][t]:
+                running += rewards[b][t]
+                returns[b][t] = running
+        accumulated = 0.0
+        for t in range(width):
+            if mask[b][t]:
+                w = weights[b][t] ** 2 if weights is not None else 1.0
+                accumulated += (1 - 2 * math.exp(old[b][t]) + squares[b][t]) * w
+                path[b][t] = accumulated
+    advantages = [[0.0] * width for _ in range(rows)]
+    for members in ref_groups(list(range(rows)), group_ids).values():
+        for t in range(width):
+            holding = [i for i in members if mask[i][t]]
+            numerator = sum(returns[i][t] * path[i][t] for i in holding)
+            denominator = sum(path[i][t] for i in holding) + eps
+            for i in holding:
+                if len(members) == 1:
+                    advantages[i][t] = returns[i][t] if singleton_groups == "score" else 0.0
+                else:
+                    advantages[i][t] = returns[i][t] - numerator / denominator
+    return advantages, returns
+
+
+def test_optimal_token_baseline_by_hand():
+    # one group of two one-token responses: π = 0.5 and 0.25, Σπ² = 0.5 and 0.25
+    # W = 1 - 2π + Σπ² = 0.5 and 0.75; returns 1 and 0
+    rewards = torch.tensor([[1.0], [0.0]])
+    mask = torch.ones(2, 1)
+    old = torch.log(torch.tensor([[0.5], [0.25]]))
+    squares = torch.tensor([[0.5], [0.25]])
+    adv, returns = pm.optimal_token_baseline_advantages(
+        rewards, mask, torch.tensor([3, 3]), old, squares, eps=0.0
+    )
+    # B = (1·0.5 + 0·0.75) / 1.25 = 0.4
+    close(adv, [[0.6], [-0.4]])
+    close(returns, [[1.0], [0.0]])
+    # importance weights 2 and 1 scale W by w²: W = 2 and 0.75 -> B = 2 / 2.75
+    adv, _ = pm.optimal_token_baseline_advantages(
+        rewards, mask, torch.tensor([3, 3]), old, squares, torch.tensor([[2.0], [1.0]]), eps=0.0
+    )
+    close(adv, [[1 - 2 / 2.75], [-2 / 2.75]])
+
+
+def test_optimal_token_baseline_matches_loop():
+    for seed in range(6):
+        _, group_ids, mask = random_group_batch(seed)
+        gen = torch.Generator().manual_seed(50 + seed)
+        rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        old = -torch.rand(mask.shape, generator=gen, dtype=torch.float64) * 2
+        squares = torch.rand(mask.shape, generator=gen, dtype=torch.float64)
+        weights = torch.rand(mask.shape, generator=gen, dtype=torch.float64) * 2
+        for t in (rewards, old, squares, weights):
+            t[~mask.bool()] = float("nan")
+        for token_weights in (None, weights):
+            for singleton in pm.SINGLETON_GROUP_CHOICES:
+                adv, returns = pm.optimal_token_baseline_advantages(
+                    rewards, mask, group_ids, old, squares, token_weights, singleton
+                )
+                exp_adv, exp_ret = ref_otb(
+                    rewards.tolist(),
+                    mask.tolist(),
+                    group_ids.tolist(),
+                    old.tolist(),
+                    squares.tolist(),
+                    None if token_weights is None else weights.tolist(),
+                    singleton,
+                )
+                where = f"seed={seed} weights={token_weights is not None} {singleton}"
+                torch.testing.assert_close(
+                    returns, torch.tensor(exp_ret, dtype=torch.float64), msg=where
+                )
+                torch.testing.assert_close(
+                    adv, torch.tensor(exp_adv, dtype=torch.float64), msg=where
+                )

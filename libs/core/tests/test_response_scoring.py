@@ -221,3 +221,31 @@ def test_forward_micro_batches_cap_samples_and_tokens():
     assert sizes == [1, 1, 1, 1, 1]
     rows = torch.cat([m["input_ids"] for m in forward_micro_batches(batch, 64, 16)])
     assert torch.equal(rows, batch["input_ids"])  # order kept, nothing lost
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 1024])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sum_pi_squared_equals_the_full_softmax(chunk_tokens, temperature):
+    model = tiny_lm()
+    batch = ragged_batch(97, *LAYOUTS["uneven prompts and responses"])
+    logits = response_logits(
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["responses"].shape[1],
+        temperature,
+    )
+    mask = batch["response_mask"].bool()
+    expected = torch.where(mask, torch.softmax(logits.float(), dim=-1).square().sum(-1), 0.0)
+    with torch.no_grad():
+        scores = score_responses(
+            model,
+            **batch,
+            temperature=temperature,
+            chunk_tokens=chunk_tokens,
+            with_sum_pi_squared=True,
+        )
+        plain = score_responses(model, **batch, temperature=temperature, chunk_tokens=chunk_tokens)
+    torch.testing.assert_close(scores.sum_pi_squared, expected, atol=1e-6, rtol=0)
+    assert scores.entropy is None and plain.sum_pi_squared is None
+    assert torch.equal(scores.log_probs, plain.log_probs)

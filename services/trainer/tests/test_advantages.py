@@ -65,7 +65,7 @@ def test_grpo_uses_groups_and_reports_reference_drift_with_kl_loss():
 
 
 def test_gae_needs_values():
-    with pytest.raises(KeyError, match="values"):
+    with pytest.raises(ValueError, match="'gae' needs values"):
         compute_advantages(_batch(), _settings(), kl_coef=0.0)
 
 
@@ -131,3 +131,22 @@ def test_gdpo_reads_the_reward_components_and_their_weights():
     tilted, _ = compute_advantages(batch, settings, 0.0, torch.tensor([2.0, 1.0]))
     # the first kind weighs more: row 0 (which has it) up, row 1 down
     assert tilted["advantages"][0, 0] > 0 > tilted["advantages"][1, 0]
+
+
+def test_optimal_token_baseline_reads_the_forward_and_the_rollout_weights():
+    batch = _batch(
+        scores=torch.tensor([1.0, 0.0]),
+        sum_pi_squared=torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.5, 0.5]]),
+        rollout_is_weights=torch.ones(2, 3),
+    )
+    settings = _settings("optimal_token_baseline", kl_in_reward=False)
+    targets, _ = compute_advantages(batch, settings, 0.0)
+    # both rows share group 0; the returns differ, so each row gets a nonzero advantage
+    adv = targets["advantages"]
+    assert adv[0, 0] > 0 > adv[1, 0] and adv[0, 2] == 0
+    heavier = Batch(
+        {**batch.tensors, "rollout_is_weights": torch.full((2, 3), 2.0)}, batch.non_tensors
+    )
+    # scaling every weight alike leaves the baseline a weighted mean of the same returns
+    same, _ = compute_advantages(heavier, settings, 0.0)
+    assert torch.allclose(same["advantages"], adv, atol=1e-5)

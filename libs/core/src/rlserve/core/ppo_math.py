@@ -3,9 +3,10 @@
 Everything the trainer and the actor/critic services compute *about* a batch lives
 here: masked statistics, KL estimators and the KL-in-reward penalty, KL-coefficient
 controllers, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, OPO, GPG, GRPO pass@k,
-GDPO, ReMax), entropy, loss aggregation, the policy losses (PPO clip, GSPO, CISPO, GMPO,
-Clip-Cov, KL-Cov, REINFORCE, SAPO, DPPO), truncated importance weights against the
-rollout engine's log-probs and the clipped value loss.
+GDPO, ReMax, optimal token baseline), entropy, loss aggregation and its mini-batch
+normalisation, the policy losses (PPO clip, GSPO, CISPO, GMPO, Clip-Cov, KL-Cov,
+REINFORCE, SAPO, DPPO), truncated importance weights against the rollout engine's
+log-probs and the clipped value loss.
 
 The run config chooses advantage estimators, policy losses, KL estimators and loss
 aggregation modes by name from the registries below; each name has an
@@ -72,6 +73,7 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageEstimator",
     "AlgorithmNote",
+    "EstimatorInputs",
     "FixedKLController",
     "PolicyLoss",
     "aggregate_loss",
@@ -102,7 +104,9 @@ __all__ = [
     "needs_greedy_baseline",
     "needs_group_ids",
     "needs_reward_components",
+    "needs_sum_pi_squared",
     "opo_advantages",
+    "optimal_token_baseline_advantages",
     "policy_loss",
     "reinforce_loss",
     "reinforce_plus_plus_advantages",
@@ -1106,6 +1110,86 @@ def remax_advantages(
 
 
 @torch.no_grad()
+def optimal_token_baseline_advantages(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    group_ids: Tensor,
+    old_logprob: Tensor,
+    sum_pi_squared: Tensor,
+    token_weights: Tensor | None = None,
+    singleton_groups: str = "zero",
+    eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Optimal token baseline: one baseline per prompt group and position, weighted by
+    each path's accumulated gradient variance (VeRL's "optimal_token_baseline", after
+    the variance-minimising baseline of Greensmith et al., 2004, "Variance Reduction
+    Techniques for Gradient Estimates in RL", JMLR 5).
+
+    The baseline that minimises a score-function estimator's variance weighs each
+    sample by its squared gradient norm. For a softmax policy the squared norm of
+    ∇_logits log π(y_t) is ``1 - 2π(y_t) + Σ_v π(v)²``; summed along a response it is
+    the path's variance proxy ``W_t = Σ_{j<=t} (1 - 2π_j + Σπ²_j)``. With the return-to-go
+    ``G_t`` (undiscounted), at every position t of group g::
+
+        B_{g,t} = Σ_i G_{i,t}·W_{i,t} / Σ_i W_{i,t}     (over the group's responses
+                                                         that reach position t)
+        A_{i,t} = G_{i,t} - B_{g,t}
+
+    ``token_weights`` (rollout correction, :func:`truncated_is_weights`) scale each
+    token's variance term by ``w²``, as an importance-weighted gradient's variance does.
+    A group of one sample has no baseline: its advantage is 0 (``singleton_groups=
+    "zero"``) or its return (``"score"``, VeRL's choice).
+
+    Args:
+        token_rewards: Reward per token (score and KL penalty). Shape: (B, T).
+        response_mask: 1 for response tokens. Shape: (B, T).
+        group_ids: Prompt group of each sequence (any integers). Shape: (B,).
+        old_logprob: log π_old of the sampled tokens. Shape: (B, T).
+        sum_pi_squared: Σ_v π_old(v)² at each position. Shape: (B, T).
+        token_weights: Importance weights of the tokens, or None. Shape: (B, T).
+        singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
+        eps: Added to the weight sum.
+
+    Returns:
+        ``(advantages, returns)``, both Shape: (B, T), 0 outside the mask.
+
+    Raises:
+        ValueError: On bad shapes or non-integer ``group_ids``.
+    """
+    _check_2d("token_rewards", token_rewards)
+    _check_same_shape(
+        token_rewards=token_rewards,
+        response_mask=response_mask,
+        old_logprob=old_logprob,
+        sum_pi_squared=sum_pi_squared,
+    )
+    # one entry per row, as the group estimators check their scores
+    _check_groups(token_rewards[:, 0], group_ids, response_mask)
+    mask = response_mask.bool()
+    old_logprob, sum_pi_squared = _inside_mask(mask, old_logprob, sum_pi_squared)
+    returns = _returns_to_go(token_rewards, mask)
+    variance = 1 - 2 * torch.exp(old_logprob) + sum_pi_squared
+    if token_weights is not None:
+        _check_same_shape(token_weights=token_weights, response_mask=response_mask)
+        variance = variance * torch.where(mask, token_weights, torch.zeros_like(token_weights)) ** 2
+    path_variance = torch.where(mask, variance, torch.zeros_like(variance)).cumsum(dim=1)
+    path_variance = torch.where(mask, path_variance, torch.zeros_like(path_variance))
+    index, num_groups = _group_index(group_ids)
+    # per group and position: Σ_i G·W and Σ_i W (rows outside the mask add 0)
+    width = returns.shape[1]
+    sums = torch.zeros(num_groups, width, dtype=returns.dtype, device=returns.device)
+    weighted = sums.index_add(0, index, returns * path_variance)[index]
+    total = sums.index_add(0, index, path_variance)[index]
+    baseline = weighted / (total + eps)
+    advantages = torch.where(mask, returns - baseline, torch.zeros_like(returns))
+    count = _group_sum(torch.ones_like(returns[:, 0]), index, num_groups)
+    # a group of one has no baseline: advantage 0, or (under "score") its own return
+    keeps_return = _singleton_advantage(torch.ones_like(count), singleton_groups)
+    advantages = torch.where((count == 1)[:, None], keeps_return[:, None] * returns, advantages)
+    return advantages, returns
+
+
+@torch.no_grad()
 def truncated_is_weights(
     old_logprob: Tensor, rollout_logprob: Tensor, response_mask: Tensor, cap: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -1154,40 +1238,56 @@ def truncated_is_weights(
     return weights, metrics
 
 
-class AdvantageEstimator(Protocol):
-    """Uniform signature of the entries of :data:`ADVANTAGE_ESTIMATORS`.
+@dataclass(frozen=True)
+class EstimatorInputs:
+    """What an advantage estimator may read besides the token rewards and the response
+    mask, and its knobs. Each estimator takes what it needs (ValueError naming a missing
+    tensor) and ignores the rest; :func:`needs_critic`, :func:`needs_group_ids`,
+    :func:`needs_greedy_baseline`, :func:`needs_reward_components` and
+    :func:`needs_sum_pi_squared` say which a name needs."""
 
-    Every estimator takes the token rewards (outcome estimators use their masked sum
-    per sequence as the score) and returns ``(advantages, returns)``, Shape: (B, T)
-    each; estimators without a critic return the advantages as returns.
-    ``normalize_advantages``: "gae" whitens its advantages. ``norm_adv_by_std``:
-    "grpo" divides by the group std (False = Dr. GRPO). ``singleton_groups``: what a
-    group of one sample gets in the group estimators (:data:`SINGLETON_GROUP_CHOICES`).
-    Arguments an estimator does not need are ignored.
-    """
+    values: Tensor | None = None
+    """Critic values ("gae"). Shape: (B, T)."""
+    group_ids: Tensor | None = None
+    """Prompt group of each row (the group estimators). Shape: (B,)."""
+    baseline_scores: Tensor | None = None
+    """Score of the greedy response to each row's prompt ("remax"). Shape: (B,)."""
+    component_scores: Tensor | None = None
+    """Each reward kind's score ("gdpo"). Shape: (B, K)."""
+    component_weights: Tensor | None = None
+    """Weight of each reward kind ("gdpo"). Shape: (K,)."""
+    old_logprob: Tensor | None = None
+    """log π_old of the sampled tokens ("optimal_token_baseline"). Shape: (B, T)."""
+    sum_pi_squared: Tensor | None = None
+    """Σ_v π_old(v)² at each position ("optimal_token_baseline"). Shape: (B, T)."""
+    token_weights: Tensor | None = None
+    """Rollout-correction importance weights, or None ("optimal_token_baseline").
+    Shape: (B, T)."""
+    gamma: float = 1.0
+    """Discount per token ("gae", "reinforce_plus_plus")."""
+    lam: float = 1.0
+    """GAE λ."""
+    normalize_advantages: bool = True
+    """"gae" whitens its advantages."""
+    norm_adv_by_std: bool = True
+    """"grpo" and "grpo_passk" divide by the group std (False: Dr. GRPO)."""
+    singleton_groups: str = "zero"
+    """What a group of one sample gets in the group estimators
+    (:data:`SINGLETON_GROUP_CHOICES`)."""
 
-    def __call__(
-        self,
-        token_rewards: Tensor,
-        response_mask: Tensor,
-        *,
-        values: Tensor | None = None,
-        group_ids: Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-        normalize_advantages: bool = True,
-        norm_adv_by_std: bool = True,
-        singleton_groups: str = "zero",
-        baseline_scores: Tensor | None = None,
-        component_scores: Tensor | None = None,
-        component_weights: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]: ...
+    def require(self, name: str, estimator: str) -> Tensor:
+        """The tensor field ``name``; ValueError if it is None."""
+        tensor = getattr(self, name)
+        if tensor is None:
+            raise ValueError(f"advantage estimator {estimator!r} needs {name}")
+        return tensor
 
 
-def _require(name: str, estimator: str, tensor: Tensor | None) -> Tensor:
-    if tensor is None:
-        raise ValueError(f"advantage estimator {estimator!r} needs {name}")
-    return tensor
+AdvantageEstimator = Callable[[Tensor, Tensor, EstimatorInputs], tuple[Tensor, Tensor]]
+"""An entry of :data:`ADVANTAGE_ESTIMATORS`: ``(token_rewards (B, T), response_mask
+(B, T), inputs) -> (advantages, returns)``, each Shape: (B, T). Outcome estimators use
+the masked sum of the token rewards per sequence as its score and return the advantages
+as returns."""
 
 
 def _sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
@@ -1196,85 +1296,34 @@ def _sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def _gae_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-    norm_adv_by_std: bool = True,
-    singleton_groups: str = "zero",
-    baseline_scores: Tensor | None = None,
-    component_scores: Tensor | None = None,
-    component_weights: Tensor | None = None,
+    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
 ) -> tuple[Tensor, Tensor]:
-    del group_ids, norm_adv_by_std, singleton_groups
-    del baseline_scores, component_scores, component_weights
     return compute_gae_advantages_returns(
         token_rewards,
-        _require("values", "gae", values),
+        inputs.require("values", "gae"),
         response_mask,
-        gamma,
-        lam,
-        whiten_advantages=normalize_advantages,
+        inputs.gamma,
+        inputs.lam,
+        whiten_advantages=inputs.normalize_advantages,
     )
 
 
-def _grpo_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-    norm_adv_by_std: bool = True,
-    singleton_groups: str = "zero",
-    baseline_scores: Tensor | None = None,
-    component_scores: Tensor | None = None,
-    component_weights: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    del values, gamma, lam, normalize_advantages
-    del baseline_scores, component_scores, component_weights
-    advantages = grpo_advantages(
-        _sequence_scores(token_rewards, response_mask),
-        _require("group_ids", "grpo", group_ids),
-        response_mask,
-        normalize_by_std=norm_adv_by_std,
-        singleton_groups=singleton_groups,
-    )
-    return advantages, advantages
-
-
-def _group_estimator(name: str, advantage_fn: Callable[..., Tensor]) -> AdvantageEstimator:
-    """Registry entry for an outcome estimator that needs only scores, groups and the
-    singleton rule (rloo, reinforce_plus_plus_baseline, opo, gpg)."""
+def _group_estimator(
+    name: str, advantage_fn: Callable[..., Tensor], divides_by_std: bool = False
+) -> AdvantageEstimator:
+    """Registry entry for an outcome estimator of scores, groups and the singleton rule
+    (and the std switch when ``divides_by_std``)."""
 
     def estimator(
-        token_rewards: Tensor,
-        response_mask: Tensor,
-        *,
-        values: Tensor | None = None,
-        group_ids: Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-        normalize_advantages: bool = True,
-        norm_adv_by_std: bool = True,
-        singleton_groups: str = "zero",
-        baseline_scores: Tensor | None = None,
-        component_scores: Tensor | None = None,
-        component_weights: Tensor | None = None,
+        token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
     ) -> tuple[Tensor, Tensor]:
-        del values, gamma, lam, normalize_advantages, norm_adv_by_std
-        del baseline_scores, component_scores, component_weights
+        std = {"normalize_by_std": inputs.norm_adv_by_std} if divides_by_std else {}
         advantages = advantage_fn(
             _sequence_scores(token_rewards, response_mask),
-            _require("group_ids", name, group_ids),
+            inputs.require("group_ids", name),
             response_mask,
-            singleton_groups=singleton_groups,
+            singleton_groups=inputs.singleton_groups,
+            **std,
         )
         return advantages, advantages
 
@@ -1283,105 +1332,52 @@ def _group_estimator(name: str, advantage_fn: Callable[..., Tensor]) -> Advantag
 
 
 def _reinforce_plus_plus_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-    norm_adv_by_std: bool = True,
-    singleton_groups: str = "zero",
-    baseline_scores: Tensor | None = None,
-    component_scores: Tensor | None = None,
-    component_weights: Tensor | None = None,
+    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
 ) -> tuple[Tensor, Tensor]:
-    del values, group_ids, lam, normalize_advantages, norm_adv_by_std, singleton_groups
-    del baseline_scores, component_scores, component_weights
-    return reinforce_plus_plus_advantages(token_rewards, response_mask, gamma)
-
-
-def _grpo_passk_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-    norm_adv_by_std: bool = True,
-    singleton_groups: str = "zero",
-    baseline_scores: Tensor | None = None,
-    component_scores: Tensor | None = None,
-    component_weights: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    del values, gamma, lam, normalize_advantages
-    del baseline_scores, component_scores, component_weights
-    advantages = grpo_passk_advantages(
-        _sequence_scores(token_rewards, response_mask),
-        _require("group_ids", "grpo_passk", group_ids),
-        response_mask,
-        normalize_by_std=norm_adv_by_std,
-        singleton_groups=singleton_groups,
-    )
-    return advantages, advantages
+    return reinforce_plus_plus_advantages(token_rewards, response_mask, inputs.gamma)
 
 
 def _gdpo_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-    norm_adv_by_std: bool = True,
-    singleton_groups: str = "zero",
-    baseline_scores: Tensor | None = None,
-    component_scores: Tensor | None = None,
-    component_weights: Tensor | None = None,
+    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
 ) -> tuple[Tensor, Tensor]:
-    # the token rewards' KL penalty is not a reward component: GDPO reads the components
-    del token_rewards, values, gamma, lam, normalize_advantages, norm_adv_by_std
-    del baseline_scores
+    # the token rewards' KL penalty is not a reward kind: GDPO reads the kinds' scores
+    del token_rewards
     advantages = gdpo_advantages(
-        _require("component_scores", "gdpo", component_scores),
-        _require("component_weights", "gdpo", component_weights),
-        _require("group_ids", "gdpo", group_ids),
+        inputs.require("component_scores", "gdpo"),
+        inputs.require("component_weights", "gdpo"),
+        inputs.require("group_ids", "gdpo"),
         response_mask,
-        singleton_groups=singleton_groups,
+        singleton_groups=inputs.singleton_groups,
     )
     return advantages, advantages
 
 
 def _remax_estimator(
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    values: Tensor | None = None,
-    group_ids: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_advantages: bool = True,
-    norm_adv_by_std: bool = True,
-    singleton_groups: str = "zero",
-    baseline_scores: Tensor | None = None,
-    component_scores: Tensor | None = None,
-    component_weights: Tensor | None = None,
+    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
 ) -> tuple[Tensor, Tensor]:
-    del values, group_ids, gamma, lam, normalize_advantages, norm_adv_by_std
-    del singleton_groups, component_scores, component_weights
     return remax_advantages(
-        token_rewards, _require("baseline_scores", "remax", baseline_scores), response_mask
+        token_rewards, inputs.require("baseline_scores", "remax"), response_mask
+    )
+
+
+def _optimal_token_baseline_estimator(
+    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
+) -> tuple[Tensor, Tensor]:
+    name = "optimal_token_baseline"
+    return optimal_token_baseline_advantages(
+        token_rewards,
+        response_mask,
+        inputs.require("group_ids", name),
+        inputs.require("old_logprob", name),
+        inputs.require("sum_pi_squared", name),
+        token_weights=inputs.token_weights,
+        singleton_groups=inputs.singleton_groups,
     )
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gae": _gae_estimator,
-    "grpo": _grpo_estimator,
+    "grpo": _group_estimator("grpo", grpo_advantages, divides_by_std=True),
     "rloo": _group_estimator("rloo", rloo_advantages),
     "reinforce_plus_plus": _reinforce_plus_plus_estimator,
     "reinforce_plus_plus_baseline": _group_estimator(
@@ -1389,11 +1385,12 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     ),
     "opo": _group_estimator("opo", opo_advantages),
     "gpg": _group_estimator("gpg", gpg_advantages),
-    "grpo_passk": _grpo_passk_estimator,
+    "grpo_passk": _group_estimator("grpo_passk", grpo_passk_advantages, divides_by_std=True),
     "gdpo": _gdpo_estimator,
     "remax": _remax_estimator,
+    "optimal_token_baseline": _optimal_token_baseline_estimator,
 }
-"""Advantage estimators by config name, all with the :class:`AdvantageEstimator` signature."""
+"""Advantage estimators by config name (``algorithm.adv_estimator``)."""
 
 ADVANTAGE_ESTIMATOR_NOTES: dict[str, AlgorithmNote] = {
     "gae": AlgorithmNote(
@@ -1444,13 +1441,29 @@ ADVANTAGE_ESTIMATOR_NOTES: dict[str, AlgorithmNote] = {
         "extra greedy generation and reward call per prompt)",
         'Li et al. 2024, "ReMax: A Simple, Effective, and Efficient RL Method", arXiv:2310.10505',
     ),
+    "optimal_token_baseline": AlgorithmNote(
+        "return-to-go minus a per-group, per-position baseline weighted by each path's "
+        "accumulated gradient variance (1 - 2π + Σπ²; asks the rollout for Σπ²)",
+        'Greensmith et al. 2004, "Variance Reduction Techniques for Gradient Estimates '
+        'in RL", JMLR 5; VeRL\'s "optimal_token_baseline"',
+    ),
 }
 """One line per advantage estimator, with its paper."""
 
 _NEEDS_CRITIC = frozenset({"gae"})
 _NEEDS_GROUP_IDS = frozenset(
-    {"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk", "gdpo"}
+    {
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus_baseline",
+        "opo",
+        "gpg",
+        "grpo_passk",
+        "gdpo",
+        "optimal_token_baseline",
+    }
 )
+_NEEDS_SUM_PI_SQUARED = frozenset({"optimal_token_baseline"})
 _NEEDS_GREEDY_BASELINE = frozenset({"remax"})
 _NEEDS_COMPONENTS = frozenset({"gdpo"})
 
@@ -1485,6 +1498,12 @@ def needs_greedy_baseline(name: str) -> bool:
     """Whether estimator ``name`` needs the score of a greedy response per prompt."""
     _check_estimator_name(name)
     return name in _NEEDS_GREEDY_BASELINE
+
+
+def needs_sum_pi_squared(name: str) -> bool:
+    """Whether estimator ``name`` needs Σ_v π_old(v)² per token from the rollout."""
+    _check_estimator_name(name)
+    return name in _NEEDS_SUM_PI_SQUARED
 
 
 def needs_reward_components(name: str) -> bool:

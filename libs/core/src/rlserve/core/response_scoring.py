@@ -52,6 +52,9 @@ class ResponseScores:
     entropy: torch.Tensor | None
     """Entropy of π at each response position in nats, float32, or None when not asked
     for. Shape: (B, R)"""
+    sum_pi_squared: torch.Tensor | None = None
+    """Σ_v π(v)² over the vocabulary at each response position (the optimal token
+    baseline's variance proxy), float32, or None when not asked for. Shape: (B, R)"""
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -135,12 +138,13 @@ def _chunk_scores(
     logit_scale: float | None,
     softcap: float | None,
     with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log-prob of each label and entropy, for one chunk of hidden states (or, with no
-    head, of logits the model already computed and post-processed).
+    with_sum_pi_squared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log-prob of each label, entropy and Σπ², for one chunk of hidden states (or,
+    with no head, of logits the model already computed and post-processed).
 
-    Shape: features (n, H) or (n, V), labels (n,) -> (n,), (n,) (entropy is empty when
-    not asked for)
+    Shape: features (n, H) or (n, V), labels (n,) -> (n,), (n,), (n,) (entropy and Σπ²
+    are empty when not asked for)
     """
     logits = features.float()
     if head is not None:
@@ -154,12 +158,17 @@ def _chunk_scores(
         logits = logits / temperature
     normaliser = torch.logsumexp(logits, dim=-1)
     log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - normaliser
-    if not with_entropy:
-        return log_probs, logits.new_zeros(0)
+    entropy = sum_pi_squared = logits.new_zeros(0)
+    if not (with_entropy or with_sum_pi_squared):
+        return log_probs, entropy, sum_pi_squared
     probs = torch.softmax(logits, dim=-1)
-    # Σ p·z as a batched dot product: a matmul allocates no (n, V) product.
-    expected_logit = (probs.unsqueeze(-2) @ logits.unsqueeze(-1)).reshape(-1)
-    return log_probs, normaliser - expected_logit
+    if with_entropy:
+        # Σ p·z as a batched dot product: a matmul allocates no (n, V) product.
+        expected_logit = (probs.unsqueeze(-2) @ logits.unsqueeze(-1)).reshape(-1)
+        entropy = normaliser - expected_logit
+    if with_sum_pi_squared:
+        sum_pi_squared = (probs.unsqueeze(-2) @ probs.unsqueeze(-1)).reshape(-1)
+    return log_probs, entropy, sum_pi_squared
 
 
 def score_responses(
@@ -171,8 +180,9 @@ def score_responses(
     temperature: float = 1.0,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     with_entropy: bool = False,
+    with_sum_pi_squared: bool = False,
 ) -> ResponseScores:
-    """log π(response token) (and entropy) at every real response token.
+    """log π(response token) (and entropy, and Σ_v π(v)²) at every real response token.
 
     `model` is a Hugging Face causal LM or a DeepSpeed engine around one. Differentiable
     when grad is enabled (the entropy too; detach it if it only feeds a metric).
@@ -188,8 +198,9 @@ def score_responses(
     ids, attention, kept = trim_padding(input_ids, attention_mask, response_mask)
     log_probs = torch.zeros(batch_size, response_len, dtype=torch.float32, device=ids.device)
     entropy = torch.zeros_like(log_probs) if with_entropy else None
+    sum_pi_squared = torch.zeros_like(log_probs) if with_sum_pi_squared else None
     if kept == 0:
-        return ResponseScores(log_probs, entropy)
+        return ResponseScores(log_probs, entropy, sum_pi_squared)
     position_ids = position_ids_from_mask(attention)
     # Position P'+t-1 predicts response token t; keep real response tokens only.
     kept_mask = mask[:, :kept]
@@ -214,7 +225,7 @@ def score_responses(
         features = hidden[:, -kept - 1 : -1][kept_mask]
         head = causal_lm.get_output_embeddings()
         logit_scale, softcap = _logit_transform(causal_lm.config)
-    picked, entropies = [], []
+    picked, entropies, squares = [], [], []
     for start in range(0, features.shape[0], chunk_tokens):
         args = (
             features[start : start + chunk_tokens],
@@ -224,15 +235,20 @@ def score_responses(
             logit_scale,
             softcap,
             with_entropy,
+            with_sum_pi_squared,
         )
         if torch.is_grad_enabled() and head is not None:
-            chunk_log_probs, chunk_entropy = checkpoint(_chunk_scores, *args, use_reentrant=False)
+            chunk = checkpoint(_chunk_scores, *args, use_reentrant=False)
         else:
-            chunk_log_probs, chunk_entropy = _chunk_scores(*args)
-        picked.append(chunk_log_probs)
-        entropies.append(chunk_entropy)
+            chunk = _chunk_scores(*args)
+        picked.append(chunk[0])
+        entropies.append(chunk[1])
+        squares.append(chunk[2])
     # index_put keeps the graph: the zeros outside the mask carry no gradient.
     log_probs = log_probs.index_put((mask.nonzero(as_tuple=True)), torch.cat(picked))
     if with_entropy:
         entropy = entropy.index_put((mask.nonzero(as_tuple=True)), torch.cat(entropies))
-    return ResponseScores(log_probs, entropy)
+    if with_sum_pi_squared:
+        positions = mask.nonzero(as_tuple=True)
+        sum_pi_squared = sum_pi_squared.index_put(positions, torch.cat(squares).detach())
+    return ResponseScores(log_probs, entropy, sum_pi_squared)

@@ -53,14 +53,16 @@ class GenerateSequencesResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ComputeLogProbRequest(_message.Message):
-    __slots__ = ("batch", "return_entropy", "expected_weights_version")
+    __slots__ = ("batch", "return_entropy", "expected_weights_version", "return_sum_pi_squared")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     RETURN_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RETURN_SUM_PI_SQUARED_FIELD_NUMBER: _ClassVar[int]
     batch: _common_pb2.Batch
     return_entropy: bool
     expected_weights_version: int
-    def __init__(self, batch: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ..., return_entropy: _Optional[bool] = ..., expected_weights_version: _Optional[int] = ...) -> None: ...
+    return_sum_pi_squared: bool
+    def __init__(self, batch: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ..., return_entropy: _Optional[bool] = ..., expected_weights_version: _Optional[int] = ..., return_sum_pi_squared: _Optional[bool] = ...) -> None: ...
 
 class ComputeLogProbResponse(_message.Message):
     __slots__ = ("batch", "metrics")

@@ -92,6 +92,7 @@ class RolloutDeployment:
             request.return_entropy,
             _optional(request, "expected_weights_version"),
             deadline,
+            return_sum_pi_squared=request.return_sum_pi_squared,
         )
         return rollout_pb2.ComputeLogProbResponse(
             batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)

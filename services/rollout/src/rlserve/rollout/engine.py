@@ -257,8 +257,9 @@ class RolloutController:
         return_entropy: bool = False,
         expected_weights_version: int | None = None,
         deadline: Deadline = NO_DEADLINE,
+        return_sum_pi_squared: bool = False,
     ) -> tuple[Batch, dict[str, float]]:
-        """log_probs [N, R] (+ entropy) under the current weights."""
+        """log_probs [N, R] (+ entropy, + sum_pi_squared) under the current weights."""
         settings = self.settings
         batch = check_sequences(
             batch, settings.vocab_size, settings.max_batch_samples, settings.max_request_tokens
@@ -276,6 +277,7 @@ class RolloutController:
                     work,
                     temperature=temperature,
                     return_entropy=return_entropy,
+                    return_sum_pi_squared=return_sum_pi_squared,
                     deadline=deadline.unix_s,
                 ),
                 deadline,

@@ -378,12 +378,20 @@ class ActorWorker:
         temperature: float = 1.0,
         return_entropy: bool = False,
         deadline: float | None = None,
+        return_sum_pi_squared: bool = False,
     ) -> Batch:
-        """log_probs [N, R] (and entropy [N, R]) of the responses, 0 outside response_mask.
-        Raises DEADLINE_EXCEEDED once `deadline` passes, between micro-batches."""
+        """log_probs [N, R] (and entropy, sum_pi_squared [N, R]) of the responses, 0
+        outside response_mask. Raises DEADLINE_EXCEEDED once `deadline` passes, between
+        micro-batches."""
         self.engine.eval()
         return self._score(
-            self.engine, "ComputeLogProb", batch, temperature, return_entropy, deadline
+            self.engine,
+            "ComputeLogProb",
+            batch,
+            temperature,
+            return_entropy,
+            deadline,
+            return_sum_pi_squared,
         )
 
     @torch.no_grad()
@@ -415,9 +423,10 @@ class ActorWorker:
         temperature: float,
         return_entropy: bool,
         deadline: float | None,
+        return_sum_pi_squared: bool = False,
     ) -> Batch:
         """Log-probs in micro-batches; `rpc` names the call (its span and its deadline)."""
-        log_probs, entropies = [], []
+        log_probs, entropies, squares = [], [], []
         micro_batches = forward_micro_batches(
             batch, self.logprob_micro_batch_samples, self.forward_max_tokens
         )
@@ -433,13 +442,18 @@ class ActorWorker:
                     temperature,
                     chunk_tokens=self.logits_chunk_tokens,
                     with_entropy=return_entropy,
+                    with_sum_pi_squared=return_sum_pi_squared,
                 )
                 log_probs.append(scores.log_probs.cpu())
                 if return_entropy:
                     entropies.append(scores.entropy.cpu())
+                if return_sum_pi_squared:
+                    squares.append(scores.sum_pi_squared.cpu())
         tensors = {"log_probs": torch.cat(log_probs)}
         if return_entropy:
             tensors["entropy"] = torch.cat(entropies)
+        if return_sum_pi_squared:
+            tensors["sum_pi_squared"] = torch.cat(squares)
         return Batch(tensors=tensors)
 
     # ---- training -------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.ppo_math import (
+    EstimatorInputs,
     get_advantage_estimator,
     kl_metrics,
     kl_penalty,
@@ -19,6 +20,7 @@ from rlserve.core.ppo_math import (
     needs_greedy_baseline,
     needs_group_ids,
     needs_reward_components,
+    needs_sum_pi_squared,
     token_rewards_with_kl_penalty,
 )
 from rlserve.core.run_config import RunConfig
@@ -68,7 +70,8 @@ def compute_advantages(
     Needs tensors response_mask, scores, old_log_probs; ref_log_probs when
     settings.kl_in_reward; values for "gae"; non-tensor uid for group estimators;
     baseline_scores (B,) for "remax"; reward_components (B, K) and `component_weights`
-    (K,) for "gdpo".
+    (K,) for "gdpo"; sum_pi_squared (and rollout_is_weights when rollout correction is
+    on) for "optimal_token_baseline".
     """
     mask = batch["response_mask"].float()
     scores = batch["scores"].float()
@@ -83,30 +86,31 @@ def compute_advantages(
         drift = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_kind)
         metrics.update(kl_metrics(drift, mask))
 
-    values = batch["values"].float() if needs_critic(settings.estimator) else None
+    estimator = settings.estimator
+
+    def tensor(key: str, needed: bool) -> torch.Tensor | None:
+        return batch[key].float() if needed and key in batch.tensors else None
+
     group_ids = None
-    if needs_group_ids(settings.estimator):
+    if needs_group_ids(estimator):
         group_ids = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
-    advantages, returns = get_advantage_estimator(settings.estimator)(
-        token_rewards,
-        mask,
-        values=values,
+    per_token = needs_sum_pi_squared(estimator)
+    inputs = EstimatorInputs(
+        values=tensor("values", needs_critic(estimator)),
         group_ids=group_ids,
+        baseline_scores=tensor("baseline_scores", needs_greedy_baseline(estimator)),
+        component_scores=tensor("reward_components", needs_reward_components(estimator)),
+        component_weights=component_weights,
+        old_logprob=tensor("old_log_probs", per_token),
+        sum_pi_squared=tensor("sum_pi_squared", per_token),
+        token_weights=tensor("rollout_is_weights", per_token),
         gamma=settings.gamma,
         lam=settings.lam,
         normalize_advantages=settings.whiten_advantages,
         norm_adv_by_std=settings.norm_adv_by_std,
         singleton_groups=settings.singleton_groups,
-        baseline_scores=(
-            batch["baseline_scores"].float() if needs_greedy_baseline(settings.estimator) else None
-        ),
-        component_scores=(
-            batch["reward_components"].float()
-            if needs_reward_components(settings.estimator)
-            else None
-        ),
-        component_weights=component_weights,
     )
+    advantages, returns = get_advantage_estimator(estimator)(token_rewards, mask, inputs)
     metrics["advantages_mean"] = masked_mean(advantages, mask)
     metrics["returns_mean"] = masked_mean(returns, mask)
     return {"advantages": advantages.float(), "returns": returns.float()}, metrics

@@ -36,6 +36,7 @@ from rlserve.core.ppo_math import (
     masked_mean,
     needs_greedy_baseline,
     needs_reward_components,
+    needs_sum_pi_squared,
     overlong_penalty,
     truncated_is_weights,
     truncated_responses,
@@ -298,23 +299,23 @@ class PPOTrainer:
         metrics = {"overlong/truncated_fraction": float(truncated.float().mean())}
         return Batch(tensors, batch.non_tensors, batch.meta), metrics
 
-    def _with_rollout_correction(
-        self, actor_batch: Batch, batch: Batch
-    ) -> tuple[Batch, dict[str, float]]:
-        """The actor's batch with each token's advantage times its truncated importance
-        weight min(π_old/π_rollout, algorithm.rollout_is_cap). Every policy loss but
-        clip_cov/kl_cov (refused by the run config) is linear in the advantage and
-        branches on its sign only, so this is the same as weighting each token's
-        policy-gradient term; the entropy and KL-loss terms stay unweighted."""
+    def _rollout_is_weights(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The batch with rollout_is_weights: each token's truncated importance weight
+        min(π_old/π_rollout, algorithm.rollout_is_cap). The actor's advantages are
+        multiplied by them; every policy loss but clip_cov/kl_cov (refused by the run
+        config) is linear in the advantage and branches on its sign only, so that is the
+        same as weighting each token's policy-gradient term (the entropy and KL-loss
+        terms stay unweighted). The optimal token baseline reads them too."""
         weights, metrics = truncated_is_weights(
             batch["old_log_probs"],
             batch["rollout_log_probs"],
             batch["response_mask"],
             self.config.algorithm.rollout_is_cap,
         )
-        tensors = {**actor_batch.tensors, "advantages": actor_batch["advantages"] * weights}
-        corrected = Batch(tensors, actor_batch.non_tensors, actor_batch.meta)
-        return corrected, {f"rollout_is/{key}": float(value) for key, value in metrics.items()}
+        weighted = Batch(
+            {**batch.tensors, "rollout_is_weights": weights}, batch.non_tensors, batch.meta
+        )
+        return weighted, {f"rollout_is/{key}": float(value) for key, value in metrics.items()}
 
     async def _score(self, batch: Batch) -> Batch:
         reward_input = batch.select(
@@ -365,6 +366,7 @@ class PPOTrainer:
                     batch=sequences,
                     return_entropy=True,
                     expected_weights_version=self.state.weights_version,
+                    return_sum_pi_squared=needs_sum_pi_squared(config.algorithm.adv_estimator),
                 ),
             ),
         }
@@ -395,6 +397,8 @@ class PPOTrainer:
 
         log_probs = batch_from_proto(results["log_prob"].batch)
         extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
+        if "sum_pi_squared" in log_probs.tensors:
+            extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
         if "reward" in results:
             extra.update(results["reward"])
         if "greedy_baseline" in results:
@@ -410,6 +414,9 @@ class PPOTrainer:
         batch = Batch(
             tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors, meta=batch.meta
         )
+        correction_metrics: dict[str, float] = {}
+        if config.algorithm.rollout_is_cap is not None:
+            batch, correction_metrics = self._rollout_is_weights(batch)
 
         math_started = time.perf_counter()
         with tracing.span("trainer.advantages", batch_size=len(batch)):
@@ -429,7 +436,13 @@ class PPOTrainer:
         if config.algorithm.filter_overlong:
             actor_batch, filter_metrics = self._without_truncated_signal(actor_batch)
         if config.algorithm.rollout_is_cap is not None:
-            actor_batch, correction_metrics = self._with_rollout_correction(actor_batch, batch)
+            # each token's policy-gradient term weighted (see _rollout_is_weights)
+            weighted = actor_batch["advantages"] * batch["rollout_is_weights"]
+            actor_batch = Batch(
+                {**actor_batch.tensors, "advantages": weighted},
+                actor_batch.non_tensors,
+                actor_batch.meta,
+            )
             filter_metrics.update(correction_metrics)
         updates: dict[str, Awaitable[Any]] = {
             "update_actor": self.clients.rollout.call(
