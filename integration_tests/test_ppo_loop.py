@@ -215,6 +215,25 @@ def test_optimal_token_baseline_through_the_services(serve_cluster, embedded, tm
         assert math.isfinite(record["actor/pg_loss"])
 
 
+def test_grpo_passk_through_the_services(serve_cluster, embedded, tmp_path):
+    """pass@k: per group only the best response carries an advantage, so at most one row
+    in four is nonzero and the mean advantage is not negative."""
+    config = tiny_run_config(
+        tmp_path,
+        algorithm={"adv_estimator": "grpo_passk", "kl_ctrl": {"kl_coef": 0.0}},
+        rollout={"responses_per_prompt": 4},
+        trainer={"total_steps": 2, "prompts_per_step": 8},
+    )
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
+    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert record["advantages_mean"] >= 0.0
+        assert math.isfinite(record["actor/pg_loss"])
+
+
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 4, "checkpoint_every_steps": 2})
     inputs = run_inputs(embedded)
