@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 
-.PHONY: setup demo test lint protos
+.PHONY: setup demo test test-fast lint protos
 
 $(STAMP): tools/setup.sh tools/constraints.txt $(PYPROJECTS)
 	bash tools/setup.sh
@@ -28,6 +28,10 @@ test: lint
 	bash tools/setup_phoenix.sh
 	$(BIN)/python -m pytest
 	RLSERVE_MULTINODE_TESTS=1 $(BIN)/python -m pytest integration_tests/multinode
+
+# The fast tier: no Ray cluster, no slow end-to-end runs, no lint (a few minutes).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not cluster and not slow" libs services tools/tests
 
 # Regenerates the committed Python stubs from proto/ (a test checks they are fresh).
 protos: $(STAMP)

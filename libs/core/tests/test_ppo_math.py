@@ -642,11 +642,16 @@ def test_registry_names_and_critic_needs():
         "gdpo",
         "optimal_token_baseline",
     }
-    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_greedy_baseline(n)] == ["remax"]
-    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_sum_pi_squared(n)] == [
-        "optimal_token_baseline"
-    ]
-    assert [n for n in pm.ADVANTAGE_ESTIMATORS if pm.needs_reward_components(n)] == ["gdpo"]
+
+    def needing(field):
+        return [n for n in pm.ADVANTAGE_ESTIMATORS if field in pm.estimator_needs(n)]
+
+    assert needing("baseline_scores") == ["remax"]
+    assert needing("sum_pi_squared") == ["optimal_token_baseline"]
+    assert needing("component_scores") == ["gdpo"]
+    # every need names an EstimatorInputs field
+    fields = set(pm.EstimatorInputs.__dataclass_fields__)
+    assert all(pm.estimator_needs(n) <= fields for n in pm.ADVANTAGE_ESTIMATORS)
 
 
 def test_registry_unknown_name():
@@ -654,8 +659,7 @@ def test_registry_unknown_name():
         pm.get_advantage_estimator,
         pm.needs_critic,
         pm.needs_group_ids,
-        pm.needs_greedy_baseline,
-        pm.needs_reward_components,
+        pm.estimator_needs,
     ):
         with pytest.raises(
             ValueError, match=r"unknown advantage estimator 'ppo'; valid choices: gae, grpo"

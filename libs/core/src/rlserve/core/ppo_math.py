@@ -83,6 +83,7 @@ __all__ = [
     "dppo_kl_loss",
     "dppo_tv_loss",
     "entropy_from_logits",
+    "estimator_needs",
     "gdpo_advantages",
     "get_advantage_estimator",
     "get_policy_loss",
@@ -101,10 +102,7 @@ __all__ = [
     "masked_whiten",
     "mini_batch_loss_scale",
     "needs_critic",
-    "needs_greedy_baseline",
     "needs_group_ids",
-    "needs_reward_components",
-    "needs_sum_pi_squared",
     "opo_advantages",
     "optimal_token_baseline_advantages",
     "policy_loss",
@@ -1242,9 +1240,7 @@ def truncated_is_weights(
 class EstimatorInputs:
     """What an advantage estimator may read besides the token rewards and the response
     mask, and its knobs. Each estimator takes what it needs (ValueError naming a missing
-    tensor) and ignores the rest; :func:`needs_critic`, :func:`needs_group_ids`,
-    :func:`needs_greedy_baseline`, :func:`needs_reward_components` and
-    :func:`needs_sum_pi_squared` say which a name needs."""
+    tensor) and ignores the rest; :func:`estimator_needs` says which a name needs."""
 
     values: Tensor | None = None
     """Critic values ("gae"). Shape: (B, T)."""
@@ -1450,22 +1446,20 @@ ADVANTAGE_ESTIMATOR_NOTES: dict[str, AlgorithmNote] = {
 }
 """One line per advantage estimator, with its paper."""
 
-_NEEDS_CRITIC = frozenset({"gae"})
-_NEEDS_GROUP_IDS = frozenset(
-    {
-        "grpo",
-        "rloo",
-        "reinforce_plus_plus_baseline",
-        "opo",
-        "gpg",
-        "grpo_passk",
-        "gdpo",
-        "optimal_token_baseline",
-    }
-)
-_NEEDS_SUM_PI_SQUARED = frozenset({"optimal_token_baseline"})
-_NEEDS_GREEDY_BASELINE = frozenset({"remax"})
-_NEEDS_COMPONENTS = frozenset({"gdpo"})
+_GROUP = frozenset({"group_ids"})
+_ESTIMATOR_NEEDS: dict[str, frozenset[str]] = {
+    "gae": frozenset({"values"}),
+    "grpo": _GROUP,
+    "rloo": _GROUP,
+    "reinforce_plus_plus": frozenset(),
+    "reinforce_plus_plus_baseline": _GROUP,
+    "opo": _GROUP,
+    "gpg": _GROUP,
+    "grpo_passk": _GROUP,
+    "gdpo": _GROUP | {"component_scores", "component_weights"},
+    "remax": frozenset({"baseline_scores"}),
+    "optimal_token_baseline": _GROUP | {"old_logprob", "sum_pi_squared"},
+}
 
 
 def _check_estimator_name(name: str) -> None:
@@ -1482,34 +1476,24 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
     return ADVANTAGE_ESTIMATORS[name]
 
 
+def estimator_needs(name: str) -> frozenset[str]:
+    """The :class:`EstimatorInputs` tensors estimator ``name`` requires (it may also read
+    an optional one: the optimal token baseline, ``token_weights``). The run config and
+    the trainer ask it which services and requests a run needs: "values" a critic,
+    "group_ids" several responses per prompt, "baseline_scores" a greedy generation,
+    "component_scores" each reward kind's score, "sum_pi_squared" Σπ² from the rollout."""
+    _check_estimator_name(name)
+    return _ESTIMATOR_NEEDS[name]
+
+
 def needs_critic(name: str) -> bool:
     """Whether estimator ``name`` needs critic values (so a critic service must run)."""
-    _check_estimator_name(name)
-    return name in _NEEDS_CRITIC
+    return "values" in estimator_needs(name)
 
 
 def needs_group_ids(name: str) -> bool:
     """Whether estimator ``name`` compares samples of the same prompt (n > 1 per prompt)."""
-    _check_estimator_name(name)
-    return name in _NEEDS_GROUP_IDS
-
-
-def needs_greedy_baseline(name: str) -> bool:
-    """Whether estimator ``name`` needs the score of a greedy response per prompt."""
-    _check_estimator_name(name)
-    return name in _NEEDS_GREEDY_BASELINE
-
-
-def needs_sum_pi_squared(name: str) -> bool:
-    """Whether estimator ``name`` needs Σ_v π_old(v)² per token from the rollout."""
-    _check_estimator_name(name)
-    return name in _NEEDS_SUM_PI_SQUARED
-
-
-def needs_reward_components(name: str) -> bool:
-    """Whether estimator ``name`` reads each reward kind's score separately."""
-    _check_estimator_name(name)
-    return name in _NEEDS_COMPONENTS
+    return "group_ids" in estimator_needs(name)
 
 
 # ------------------------------------------------------------------------ losses

@@ -34,7 +34,7 @@ from rlserve.core.ppo_math import (
     POLICY_LOSS_NOTES,
     SINGLETON_GROUP_CHOICES,
     AlgorithmNote,
-    needs_greedy_baseline,
+    estimator_needs,
     needs_group_ids,
 )
 from rlserve.core.ppo_math import needs_critic as estimator_needs_critic
@@ -959,7 +959,8 @@ class RunConfig(ConfigModel):
                     "or choose another loss",
                 )
             )
-        if needs_greedy_baseline(algorithm.adv_estimator) and self.rollout.temperature == 0:
+        greedy_baseline = "baseline_scores" in estimator_needs(algorithm.adv_estimator)
+        if greedy_baseline and self.rollout.temperature == 0:
             issues.append(
                 (
                     "rollout.temperature",

@@ -12,18 +12,23 @@ import torch
 from rlserve.core.batch import Batch
 from rlserve.core.ppo_math import (
     EstimatorInputs,
+    estimator_needs,
     get_advantage_estimator,
     kl_metrics,
     kl_penalty,
     masked_mean,
-    needs_critic,
-    needs_greedy_baseline,
-    needs_group_ids,
-    needs_reward_components,
-    needs_sum_pi_squared,
     token_rewards_with_kl_penalty,
 )
 from rlserve.core.run_config import RunConfig
+
+BATCH_KEYS = {
+    "values": "values",
+    "baseline_scores": "baseline_scores",
+    "component_scores": "reward_components",
+    "old_logprob": "old_log_probs",
+    "sum_pi_squared": "sum_pi_squared",
+}
+"""The step batch's tensor behind each EstimatorInputs tensor an estimator may need."""
 
 
 @dataclass(frozen=True)
@@ -87,23 +92,20 @@ def compute_advantages(
         metrics.update(kl_metrics(drift, mask))
 
     estimator = settings.estimator
-
-    def tensor(key: str, needed: bool) -> torch.Tensor | None:
-        return batch[key].float() if needed and key in batch.tensors else None
-
-    group_ids = None
-    if needs_group_ids(estimator):
-        group_ids = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
-    per_token = needs_sum_pi_squared(estimator)
+    needs = estimator_needs(estimator)
+    tensors = {
+        field: batch[key].float()
+        for field, key in BATCH_KEYS.items()
+        if field in needs and key in batch.tensors
+    }
+    if "group_ids" in needs:
+        tensors["group_ids"] = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
+    if "sum_pi_squared" in needs and "rollout_is_weights" in batch.tensors:
+        # the optimal token baseline weighs each token's variance by its IS weight²
+        tensors["token_weights"] = batch["rollout_is_weights"].float()
     inputs = EstimatorInputs(
-        values=tensor("values", needs_critic(estimator)),
-        group_ids=group_ids,
-        baseline_scores=tensor("baseline_scores", needs_greedy_baseline(estimator)),
-        component_scores=tensor("reward_components", needs_reward_components(estimator)),
+        **tensors,
         component_weights=component_weights,
-        old_logprob=tensor("old_log_probs", per_token),
-        sum_pi_squared=tensor("sum_pi_squared", per_token),
-        token_weights=tensor("rollout_is_weights", per_token),
         gamma=settings.gamma,
         lam=settings.lam,
         normalize_advantages=settings.whiten_advantages,

@@ -33,10 +33,8 @@ from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.ppo_math import (
     AdaptiveKLController,
     FixedKLController,
+    estimator_needs,
     masked_mean,
-    needs_greedy_baseline,
-    needs_reward_components,
-    needs_sum_pi_squared,
     overlong_penalty,
     truncated_is_weights,
     truncated_responses,
@@ -202,7 +200,7 @@ class PPOTrainer:
         if penalty is not None:
             scores = scores + penalty
         rewards = {"scores": scores}
-        if needs_reward_components(algorithm.adv_estimator):
+        if "component_scores" in estimator_needs(algorithm.adv_estimator):
             kinds = await self._reward_kinds()
             columns = [scored[f"scores_{kind}"].float() for kind in kinds]
             if penalty is not None:
@@ -359,6 +357,7 @@ class PPOTrainer:
         staleness = self.state.weights_version - int(batch.meta["weights_version"])
 
         sequences = batch_to_proto(batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[]))
+        needs = estimator_needs(config.algorithm.adv_estimator)
         forwards: dict[str, Awaitable[Any]] = {
             "log_prob": self.clients.rollout.call(
                 "ComputeLogProb",
@@ -366,13 +365,13 @@ class PPOTrainer:
                     batch=sequences,
                     return_entropy=True,
                     expected_weights_version=self.state.weights_version,
-                    return_sum_pi_squared=needs_sum_pi_squared(config.algorithm.adv_estimator),
+                    return_sum_pi_squared="sum_pi_squared" in needs,
                 ),
             ),
         }
         if "scores" not in batch.tensors:
             forwards["reward"] = self._rewards(batch)
-        if needs_greedy_baseline(config.algorithm.adv_estimator):
+        if "baseline_scores" in needs:
             # dynamic sampling needs a group estimator, so `rows` is this step's prompts
             forwards["greedy_baseline"] = self._greedy_baseline(rows, step)
         if self.clients.reference is not None:

@@ -1,0 +1,227 @@
+"""One PPOTrainer step against in-process fake services: the loop's wiring, without Ray.
+
+The fakes answer each RPC with fixed, easily computed tensors (every response token has
+log-prob -0.5 under the policy, the engine reported -0.6, the reward is 1 for even rows
+and 0 for odd ones), and record every request. The tests check what the step asks for
+and what it sends to the updates; the services' own behaviour is tested through Serve in
+integration_tests/test_ppo_loop.py.
+"""
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.config import validate_config
+from rlserve.core.modeling import load_tokenizer
+from rlserve.core.ppo_math import grpo_advantages
+from rlserve.core.run_config import RunConfig
+from rlserve.trainer.data import PromptRow
+from rlserve.trainer.loop import Clients, PPOTrainer
+from rlserve.v1 import critic_pb2, reference_pb2, reward_pb2, rollout_pb2
+
+POLICY_LOG_PROB = -0.5
+ENGINE_LOG_PROB = -0.6
+RESPONSE_TOKEN = 7
+
+
+class FakeService:
+    """Answers `call(rpc, request)` like a service client, from `handlers`."""
+
+    def __init__(self, **handlers):
+        self.handlers = handlers
+        self.requests: list[tuple[str, object]] = []
+
+    async def call(self, rpc, request, timeout_s=None):
+        self.requests.append((rpc, request))
+        return self.handlers[rpc](request)
+
+    def sent(self, rpc):
+        return [request for name, request in self.requests if name == rpc]
+
+
+def _generate(request):
+    prompts = batch_from_proto(request.prompts)
+    sampling = request.sampling
+    n, width = sampling.responses_per_prompt, sampling.max_new_tokens
+    rows = len(prompts) * n
+    repeated = prompts.index(torch.arange(len(prompts)).repeat_interleave(n))
+    responses = torch.full((rows, width), RESPONSE_TOKEN, dtype=torch.long)
+    mask = torch.ones(rows, width, dtype=torch.long)
+    tensors = {
+        "prompts": repeated["input_ids"],
+        "responses": responses,
+        "response_mask": mask,
+        "input_ids": torch.cat([repeated["input_ids"], responses], dim=1),
+        "attention_mask": torch.cat([repeated["attention_mask"], mask], dim=1),
+    }
+    if request.return_log_probs:
+        tensors["rollout_log_probs"] = torch.full((rows, width), ENGINE_LOG_PROB)
+    non_tensors = {
+        **repeated.non_tensors,
+        "uid": [i // n for i in range(rows)],
+        "response_text": ["x"] * rows,
+    }
+    batch = Batch(tensors, non_tensors, {"weights_version": request.expected_weights_version})
+    return rollout_pb2.GenerateSequencesResponse(batch=batch_to_proto(batch))
+
+
+def _log_prob(request):
+    mask = batch_from_proto(request.batch)["response_mask"].float()
+    tensors = {"log_probs": POLICY_LOG_PROB * mask, "entropy": mask}
+    if request.return_sum_pi_squared:
+        tensors["sum_pi_squared"] = 0.3 * mask
+    return rollout_pb2.ComputeLogProbResponse(batch=batch_to_proto(Batch(tensors)))
+
+
+def _update_actor(request):
+    return rollout_pb2.UpdateActorResponse(
+        weights_version=request.weights_version + 1, metrics={"pg_loss": 0.0}
+    )
+
+
+def _reward(request):
+    rows = len(batch_from_proto(request.batch))
+    scores = torch.tensor([float(i % 2 == 0) for i in range(rows)])
+    tensors = {"scores": scores, "scores_rule": scores}
+    return reward_pb2.ComputeRewardResponse(batch=batch_to_proto(Batch(tensors)))
+
+
+def fake_clients(critic: bool, reference: bool) -> Clients:
+    rollout = FakeService(
+        GenerateSequences=_generate, ComputeLogProb=_log_prob, UpdateActor=_update_actor
+    )
+    reward = FakeService(
+        ComputeReward=_reward,
+        GetInfo=lambda _: reward_pb2.RewardServiceGetInfoResponse(kind_weights={"rule": 1.0}),
+    )
+
+    def ref_log_prob(request):
+        mask = batch_from_proto(request.batch)["response_mask"].float()
+        ref = Batch({"ref_log_probs": (POLICY_LOG_PROB - 0.1) * mask})
+        return reference_pb2.ComputeRefLogProbResponse(batch=batch_to_proto(ref))
+
+    def values(request):
+        mask = batch_from_proto(request.batch)["response_mask"].float()
+        return critic_pb2.ComputeValuesResponse(batch=batch_to_proto(Batch({"values": 0 * mask})))
+
+    return Clients(
+        rollout=rollout,
+        reward=reward,
+        reference=FakeService(ComputeRefLogProb=ref_log_prob) if reference else None,
+        critic=(
+            FakeService(
+                ComputeValues=values,
+                UpdateCritic=lambda _: critic_pb2.UpdateCriticResponse(metrics={"vf_loss": 0.0}),
+            )
+            if critic
+            else None
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def one_step(tokenizer, tmp_path, **sections) -> tuple[dict[str, float], Clients]:
+    data = {
+        "rollout": {"max_new_tokens": 3},
+        "actor": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
+        "critic": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
+        "trainer": {"prompts_per_step": 2, "run_dir": str(tmp_path)},
+    }
+    for section, fields in sections.items():
+        data.setdefault(section, {}).update(fields)
+    config = validate_config(RunConfig, data)
+    clients = fake_clients(config.needs_critic, config.needs_reference)
+    rows = [PromptRow(f"{a}+{a}=", str(2 * a)) for a in range(1, 9)]
+    trainer = PPOTrainer(config, clients, tokenizer, rows, rows[:2], tmp_path)
+    metrics = asyncio.run(trainer.run_step())
+    return metrics, clients
+
+
+def actor_batch(clients: Clients) -> Batch:
+    (update,) = clients.rollout.sent("UpdateActor")
+    return batch_from_proto(update.batch)
+
+
+def test_ppo_step_asks_every_service_once_and_updates_both_models(tokenizer, tmp_path):
+    metrics, clients = one_step(tokenizer, tmp_path)
+    assert len(clients.rollout.sent("GenerateSequences")) == 1
+    assert len(clients.reference.sent("ComputeRefLogProb")) == 1
+    assert len(clients.critic.sent("UpdateCritic")) == 1
+    (update,) = clients.rollout.sent("UpdateActor")
+    assert (update.step, update.weights_version) == (0, 0)
+    assert metrics["weights_version"] == 1.0 and metrics["samples"] == 2.0
+    # the reward is 1 for row 0 and 0 for row 1: a mean of 0.5
+    assert metrics["reward_mean"] == pytest.approx(0.5)
+    # k1 in the reward: old - ref = 0.1 nat per token
+    assert metrics["kl_token_mean"] == pytest.approx(0.1)
+    assert "ref_log_probs" not in actor_batch(clients).tensors  # the KL is in the reward
+
+
+def test_rollout_correction_asks_the_engine_and_weights_the_advantages(tokenizer, tmp_path):
+    metrics, clients = one_step(
+        tokenizer,
+        tmp_path,
+        algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0.0}, "rollout_is_cap": 2.0},
+        rollout={"max_new_tokens": 3, "responses_per_prompt": 2},
+    )
+    (generate,) = clients.rollout.sent("GenerateSequences")
+    assert generate.return_log_probs
+    sent = actor_batch(clients)
+    mask = sent["response_mask"]
+    # π_old/π_rollout = e^(−0.5 + 0.6) on every token, below the cap
+    weight = math.exp(POLICY_LOG_PROB - ENGINE_LOG_PROB)
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    expected = grpo_advantages(scores, torch.tensor([0, 0, 1, 1]), mask) * weight
+    torch.testing.assert_close(sent["advantages"], expected)
+    assert metrics["rollout_is/is_weight_mean"] == pytest.approx(weight)
+    assert metrics["rollout_is/mismatch_kl"] == pytest.approx(-0.1)
+
+
+def test_remax_generates_a_greedy_baseline_per_prompt(tokenizer, tmp_path):
+    metrics, clients = one_step(
+        tokenizer, tmp_path, algorithm={"adv_estimator": "remax", "kl_ctrl": {"kl_coef": 0.0}}
+    )
+    sampled, greedy = clients.rollout.sent("GenerateSequences")
+    assert sampled.sampling.temperature > 0
+    assert (greedy.sampling.temperature, greedy.sampling.responses_per_prompt) == (0.0, 1)
+    assert len(clients.reward.sent("ComputeReward")) == 2
+    # the greedy responses score 1 (prompt 0) and 0 (prompt 1), as the samples do
+    assert metrics["remax/baseline_mean"] == pytest.approx(0.5)
+    torch.testing.assert_close(actor_batch(clients)["advantages"], torch.zeros(2, 3))
+
+
+def test_optimal_token_baseline_asks_for_sum_pi_squared(tokenizer, tmp_path):
+    _, clients = one_step(
+        tokenizer,
+        tmp_path,
+        algorithm={"adv_estimator": "optimal_token_baseline", "kl_ctrl": {"kl_coef": 0.0}},
+        rollout={"max_new_tokens": 3, "responses_per_prompt": 2},
+    )
+    (log_prob,) = clients.rollout.sent("ComputeLogProb")
+    assert log_prob.return_sum_pi_squared
+    # group 0 holds returns 1 and 0 with equal path weights: the baseline is 0.5
+    advantages = actor_batch(clients)["advantages"]
+    torch.testing.assert_close(advantages[0], torch.full((3,), 0.5))
+    torch.testing.assert_close(advantages[1], torch.full((3,), -0.5))
+
+
+def test_gdpo_asks_the_reward_kinds_once(tokenizer, tmp_path):
+    _, clients = one_step(
+        tokenizer,
+        tmp_path,
+        algorithm={"adv_estimator": "gdpo", "kl_ctrl": {"kl_coef": 0.0}},
+        rollout={"max_new_tokens": 3, "responses_per_prompt": 2},
+    )
+    assert len(clients.reward.sent("GetInfo")) == 1
+    advantages = actor_batch(clients)["advantages"]
+    # one kind: GRPO's ±0.707 per group, then whitened over the 12 tokens -> ±1 (× n/(n-1))
+    assert advantages[0, 0] > 0 > advantages[1, 0]
+    assert float(advantages.mean()) == pytest.approx(0.0, abs=1e-6)
