@@ -64,8 +64,10 @@ def test_object_store_use_follows_what_is_held(serve_cluster):
     before = object_store_use()
     held = ray.put(b"x" * (32 * 2**20))
     during = object_store_use()
-    assert during.used_bytes - before.used_bytes >= 32 * 2**20
-    assert during.objects >= before.objects + 1
+    # earlier tests' small objects may be freed in between (a CI run saw 108 KiB go):
+    # the growth is the 32 MiB object less at most 1 MiB of those
+    assert during.used_bytes - before.used_bytes >= 31 * 2**20
+    assert during.used_bytes >= 32 * 2**20 and during.objects >= 1
     assert during.capacity_bytes > during.used_bytes
     del held
     deadline = time.monotonic() + 10  # the store frees an object shortly after its last ref
