@@ -671,6 +671,18 @@ def _group_sum(values: Tensor, index: Tensor, num_groups: int) -> Tensor:
     return sums.index_add(0, index, values)[index]
 
 
+def _group_reduce(values: Tensor, index: Tensor, num_groups: int, reduce: str) -> Tensor:
+    """ "amax" or "amin" of ``values`` (B,) per group, broadcast back. Shape: (B,)."""
+    empty = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    return empty.scatter_reduce(0, index, values, reduce=reduce, include_self=False)[index]
+
+
+def _group_std(centred: Tensor, index: Tensor, num_groups: int, count: Tensor) -> Tensor:
+    """Unbiased std per group from the deviations from the group mean, broadcast back;
+    n - 1 is clamped so a singleton does not divide by 0. Shape: (B,)."""
+    return torch.sqrt(_group_sum(centred.square(), index, num_groups) / (count - 1).clamp(min=1))
+
+
 def _outcome_scores(scores: Tensor) -> Tensor:
     """Scores as floating point (ints and bools become float32)."""
     return scores if scores.is_floating_point() else scores.float()
@@ -737,10 +749,8 @@ def grpo_advantages(
     mean = _group_sum(scores, index, num_groups) / count
     centred = scores - mean
     if normalize_by_std:
-        # unbiased group std; n - 1 is clamped so singletons do not divide by 0
-        std = torch.sqrt(_group_sum(centred.square(), index, num_groups) / (count - 1).clamp(min=1))
         # scale-free advantage: how many group stds above the group mean
-        centred = centred / (std + eps)
+        centred = centred / (_group_std(centred, index, num_groups, count) + eps)
     # one sample has nothing to be compared with
     advantages = torch.where(count > 1, centred, _singleton_advantage(scores, singleton_groups))
     return _broadcast_over_mask(advantages, response_mask)
@@ -894,10 +904,8 @@ def gpg_advantages(
     count = _group_sum(torch.ones_like(scores), index, num_groups)
     centred = scores - _group_sum(scores, index, num_groups) / count
     # a group is degenerate when all its scores are equal (max == min, exact in floats)
-    empty = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
-    group_max = empty.scatter_reduce(0, index, scores, reduce="amax", include_self=False)
-    group_min = empty.scatter_reduce(0, index, scores, reduce="amin", include_self=False)
-    degenerate = (group_max == group_min)[index]
+    group_max = _group_reduce(scores, index, num_groups, "amax")
+    degenerate = group_max == _group_reduce(scores, index, num_groups, "amin")
     singleton = _singleton_advantage(scores, singleton_groups)
     kept_singleton = (count == 1) & (singleton_groups == "score")
     # zero by construction (no float residue from the mean of equal values)
@@ -983,25 +991,19 @@ def grpo_passk_advantages(
     scores = _outcome_scores(scores)
     index, num_groups = _group_index(group_ids)
     count = _group_sum(torch.ones_like(scores), index, num_groups)
-    empty = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
-    group_max = empty.scatter_reduce(0, index, scores, reduce="amax", include_self=False)[index]
+    group_max = _group_reduce(scores, index, num_groups, "amax")
     # the best sample: the first row (lowest position) holding its group's maximum
     position = torch.arange(scores.numel(), device=scores.device)
     candidate = torch.where(
         scores == group_max, position, torch.full_like(position, scores.numel())
     )
-    first = torch.zeros(num_groups, dtype=position.dtype, device=scores.device)
-    first = first.scatter_reduce(0, index, candidate, reduce="amin", include_self=False)[index]
-    best = position == first
+    best = position == _group_reduce(candidate, index, num_groups, "amin")
     # the runner-up: the largest score among the group's other rows
     others = torch.where(best, torch.full_like(scores, -math.inf), scores)
-    second = empty.scatter_reduce(0, index, others, reduce="amax", include_self=False)[index]
-    gap = group_max - second
+    gap = group_max - _group_reduce(others, index, num_groups, "amax")
     if normalize_by_std:
-        mean = _group_sum(scores, index, num_groups) / count
-        centred = scores - mean
-        std = torch.sqrt(_group_sum(centred.square(), index, num_groups) / (count - 1).clamp(min=1))
-        gap = gap / (std + eps)
+        centred = scores - _group_sum(scores, index, num_groups) / count
+        gap = gap / (_group_std(centred, index, num_groups, count) + eps)
     advantages = torch.where(best, gap, torch.zeros_like(gap))
     advantages = torch.where(count > 1, advantages, _singleton_advantage(scores, singleton_groups))
     return _broadcast_over_mask(advantages, response_mask)
