@@ -31,6 +31,14 @@ def _run(config, inputs, run_dir, address, resume_from=None):
     )
 
 
+def _fresh_run_step_records(config, embedded, run_dir, address):
+    """Redeploys the services, runs `config` and returns its per-step metric records."""
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    summary = _run(config, inputs, run_dir, address)
+    return [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+
+
 def test_ppo_with_critic(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(tmp_path, trainer={"total_steps": 3})
     inputs = run_inputs(embedded)
@@ -71,10 +79,7 @@ def test_adaptive_kl_coefficient_follows_the_measured_kl(serve_cluster, embedded
         actor={"lr": 1e-2},  # move the policy so the KL leaves zero quickly
         trainer={"total_steps": 4},
     )
-    inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
-    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
-    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert records[0]["kl_coef"] == pytest.approx(0.05)
     samples = records[0]["samples"]
     for before, after in itertools.pairwise(records):
@@ -118,10 +123,7 @@ def test_dapo_pieces_through_the_services(serve_cluster, embedded, tmp_path):
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 3, "prompts_per_step": 8},
     )
-    inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
-    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
-    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         rounds, groups = (
@@ -148,10 +150,7 @@ def test_remax_and_rollout_correction_through_the_services(serve_cluster, embedd
         actor={"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
         trainer={"total_steps": 2},
     )
-    inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
-    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
-    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert 0.0 <= record["remax/baseline_mean"] <= 1.0  # the rule scores 0 or 1
@@ -178,10 +177,7 @@ def test_gdpo_and_dppo_through_the_services(serve_cluster, embedded, tmp_path):
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
-    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
-    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         # whitened over the step's response tokens
@@ -204,10 +200,7 @@ def test_optimal_token_baseline_through_the_services(serve_cluster, embedded, tm
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
-    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
-    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert record["rollout_is/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
@@ -224,10 +217,7 @@ def test_grpo_passk_through_the_services(serve_cluster, embedded, tmp_path):
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
-    summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
-    records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert record["advantages_mean"] >= 0.0

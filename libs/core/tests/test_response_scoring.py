@@ -51,15 +51,20 @@ def ragged_batch(
     }
 
 
-def full_logits_reference(model, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The obvious version: [B, R, V] logits over the padded batch, then mask."""
-    logits = response_logits(
+def padded_logits(model, batch, temperature: float) -> torch.Tensor:
+    """[B, R, V] logits of every response position of the padded batch."""
+    return response_logits(
         model,
         batch["input_ids"],
         batch["attention_mask"],
         batch["responses"].shape[1],
         temperature,
     )
+
+
+def full_logits_reference(model, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The obvious version: [B, R, V] logits over the padded batch, then mask."""
+    logits = padded_logits(model, batch, temperature)
     mask = batch["response_mask"].bool()
     log_probs = torch.where(mask, log_probs_from_logits(logits, batch["responses"]), 0.0)
     entropy = torch.where(mask, entropy_from_logits(logits.float()), 0.0)
@@ -228,13 +233,7 @@ def test_forward_micro_batches_cap_samples_and_tokens():
 def test_sum_pi_squared_equals_the_full_softmax(chunk_tokens, temperature):
     model = tiny_lm()
     batch = ragged_batch(97, *LAYOUTS["uneven prompts and responses"])
-    logits = response_logits(
-        model,
-        batch["input_ids"],
-        batch["attention_mask"],
-        batch["responses"].shape[1],
-        temperature,
-    )
+    logits = padded_logits(model, batch, temperature)
     mask = batch["response_mask"].bool()
     expected = torch.where(mask, torch.softmax(logits.float(), dim=-1).square().sum(-1), 0.0)
     with torch.no_grad():
