@@ -1,5 +1,7 @@
 """The critic through Serve's gRPC port: values, updates, replay, checkpoints, bad requests."""
 
+import time
+
 import grpc
 import pytest
 import torch
@@ -201,3 +203,23 @@ def test_invalid_requests_then_a_valid_call(stub, make_batch, tmp_path):
     values, weights_version = compute_values(stub, good)
     assert values.shape == (4, 5) and weights_version == version.info.weights_version
     assert update(stub, step, good).replayed is False
+
+
+def test_an_update_whose_caller_hangs_up_completes(stub, make_batch):
+    """A caller gone mid-update (a killed trainer) must not cut the update in half: Serve
+    cancels the request, and Ray would cancel the worker calls made under it too."""
+    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=call_metadata(APP)).info
+    step = info.last_applied_step + 1
+    batch = make_batch(16, prompt_len=6, response_len=3000, seed=24)  # ≈ 6 s of training
+    call = stub.UpdateCritic.future(
+        critic_pb2.UpdateCriticRequest(step=step, batch=batch_to_proto(batch)),
+        metadata=call_metadata(APP, deadline_metadata(TIMEOUT_S)),
+        timeout=TIMEOUT_S,
+    )
+    time.sleep(1.5)  # the update is under way
+    assert call.cancel(), "the update finished before the caller hung up: make it longer"
+
+    retried = update(stub, step, batch)  # waits for the update still running
+    assert (retried.weights_version, retried.replayed) == (info.weights_version + 1, True)
+    info = stub.GetInfo(critic_pb2.CriticServiceGetInfoRequest(), metadata=call_metadata(APP)).info
+    assert info.last_applied_step == step

@@ -15,7 +15,7 @@ from rlserve.core.serving import Deadline, RpcError
 from rlserve.core.training import weights_only_load
 from rlserve.core.workers import init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
-from rlserve.rollout.engine import (
+from rlserve.rollout.controller import (
     LocalWorkers,
     RolloutController,
     controller_settings,

@@ -8,8 +8,9 @@ WorkerGroup unwraps Ray's task error), so an RpcError keeps its status and an OS
 can be caught here.
 
 Choices:
-- One asyncio lock orders every call that touches the workers, so ComputeValues stamps
-  the version its values were computed with and updates never interleave.
+- Exclusive access, deadlines and the broken state follow rlserve.core.exclusive (the
+  rules every stateful service shares): one call at a time, so ComputeValues stamps the
+  version its values were computed with and updates never interleave.
 - UpdateCritic is idempotent by step (rlserve.core.steps.StepLedger, the rule every
   stateful service shares): the next step (last applied + 1) trains; a kept applied step
   returns its stored metrics and version with replayed=true and trains nothing; any
@@ -26,15 +27,14 @@ Choices:
   ComputeValues that runs out answers DEADLINE_EXCEEDED, and the workers, handed the
   same deadline, stop between forward micro-batches, so the next call does not queue
   behind work nobody waits for. An update, save or load is never cut in half: when the
-  deadline passes it keeps running to completion and the caller gets DEADLINE_EXCEEDED
-  saying so; calling UpdateCritic again with the same step returns its result.
+  deadline passes, or the caller goes away, it keeps running to completion (the caller
+  gets DEADLINE_EXCEEDED saying so); calling UpdateCritic again with the same step
+  returns its result.
 - Request size: rows (max_batch_samples) and token positions (max_request_tokens, rows
   × input_ids columns) are checked before any work.
 """
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import torch
@@ -47,9 +47,9 @@ from rlserve.core.checkpoint_paths import (
     require_load_dir,
     save_failed,
 )
+from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.serving import (
     Deadline,
-    deadline_exceeded,
     failed_precondition,
     invalid_argument,
 )
@@ -101,11 +101,6 @@ def start_worker_group(config: CriticServiceConfig) -> Any:
     )
 
 
-def _timeout_s(deadline: Deadline) -> float | None:
-    remaining = deadline.remaining_s()
-    return None if remaining == float("inf") else max(0.0, remaining)
-
-
 class CriticController:
     """State (version, applied steps) and dispatch of one critic service."""
 
@@ -115,11 +110,8 @@ class CriticController:
         self.weights_version = 0
         # step -> (metrics, weights_version after it), the latest REPLAY_HISTORY_STEPS
         self.steps: StepLedger[tuple[dict[str, float], int]] = StepLedger(REPLAY_HISTORY_STEPS)
-        self._lock = asyncio.Lock()
+        self.access = ExclusiveAccess("critic")
         self._worker_infos: list[dict[str, Any]] | None = None
-        self._broken: str | None = None
-        """Why the weights may differ between ranks or from weights_version (an update or
-        load that failed part-way); None while they are known."""
 
     @property
     def last_applied_step(self) -> int:
@@ -127,54 +119,13 @@ class CriticController:
 
     def health_problems(self) -> list[str]:
         """Why this service cannot serve: dead workers, weights left inconsistent."""
-        problems = self.group.dead_workers()
-        if self._broken is not None:
-            problems.append(f"weights may be inconsistent: {self._broken}")
-        return problems
-
-    def _check_usable(self) -> None:
-        if self._broken is not None:
-            raise failed_precondition(
-                f"the critic's weights may be inconsistent: {self._broken}; call "
-                "LoadCheckpoint to restore a known state"
-            )
+        return self.group.dead_workers() + self.access.problems()
 
     async def worker_infos(self) -> list[dict[str, Any]]:
         """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
         if self._worker_infos is None:
             self._worker_infos = await self.group.run_all("info")
         return self._worker_infos
-
-    async def _exclusive(
-        self, deadline: Deadline, stage: str, work: Callable[[], Awaitable[T]], atomic: bool
-    ) -> T:
-        """Runs `work` holding the lock, within the caller's deadline.
-
-        atomic=False: the wait is cancelled at the deadline. atomic=True: `work` runs to
-        completion (holding the lock until then) even when the caller stops waiting.
-        """
-        try:
-            await asyncio.wait_for(self._lock.acquire(), _timeout_s(deadline))
-        except TimeoutError:
-            raise deadline_exceeded(f"{stage} (waiting for an earlier call)") from None
-
-        async def locked() -> T:
-            try:
-                return await work()
-            finally:
-                self._lock.release()
-
-        task = asyncio.ensure_future(locked())
-        # A caller that stopped waiting never reads the outcome; mark it read.
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        try:
-            return await asyncio.wait_for(
-                asyncio.shield(task) if atomic else task, _timeout_s(deadline)
-            )
-        except TimeoutError:
-            if atomic:
-                raise deadline_exceeded(f"{stage}; it continues and will complete") from None
-            raise deadline_exceeded(stage) from None
 
     # ---- ComputeValues ------------------------------------------------------------------
 
@@ -192,7 +143,7 @@ class CriticController:
         )
 
         async def work() -> tuple[Batch, dict[str, float]]:
-            self._check_usable()
+            self.access.check_usable()
             start = time.perf_counter()
             values = await self.group.run_split("compute_values", clean, deadline=deadline.unix_s)
             metrics = {
@@ -202,7 +153,7 @@ class CriticController:
             }
             return Batch(values.tensors, meta={"weights_version": self.weights_version}), metrics
 
-        return await self._exclusive(deadline, "ComputeValues", work, atomic=False)
+        return await self.access.run("ComputeValues", work, deadline, atomic=False)
 
     # ---- UpdateCritic -------------------------------------------------------------------
 
@@ -220,7 +171,7 @@ class CriticController:
             if stored is not None:
                 metrics, version = stored
                 return metrics, version, True
-            self._check_usable()
+            self.access.check_usable()
             clean = update_batch(
                 batch,
                 vocab_size,
@@ -230,15 +181,15 @@ class CriticController:
             )
             try:
                 metrics = await self._train(step, clean)
-            except Exception as error:
+            except BaseException as error:
                 # Some ranks may have stepped their optimizer and others not.
-                self._broken = f"UpdateCritic step {step} failed part-way ({error!r:.200})"
+                self.access.mark_broken(f"UpdateCritic step {step}", error)
                 raise
             self.weights_version += 1
             self.steps.record(step, (metrics, self.weights_version))
             return metrics, self.weights_version, False
 
-        return await self._exclusive(deadline, f"UpdateCritic step {step}", work, atomic=True)
+        return await self.access.run(f"UpdateCritic step {step}", work, deadline, atomic=True)
 
     def _plan(self, step: int, batch: Batch) -> list[RankUpdate]:
         """Each rank's rows and mini-batch slices (see the module docstring)."""
@@ -297,7 +248,7 @@ class CriticController:
         deadline.check("SaveCheckpoint")
 
         async def work() -> tuple[int, int]:
-            self._check_usable()
+            self.access.check_usable()
             client_state = {
                 "weights_version": self.weights_version,
                 "last_applied_step": self.last_applied_step,
@@ -312,7 +263,7 @@ class CriticController:
                 raise save_failed(directory, error) from None
             return self.weights_version, self.last_applied_step
 
-        return await self._exclusive(deadline, "SaveCheckpoint", work, atomic=True)
+        return await self.access.run("SaveCheckpoint", work, deadline, atomic=True)
 
     async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
         """(weights_version, last_applied_step) restored from `path` (relative to
@@ -338,14 +289,14 @@ class CriticController:
             try:
                 await self.group.run_all("load_checkpoint", str(directory))
                 self.steps.restore(last_applied_step, applied)
-            except Exception as error:
-                self._broken = f"LoadCheckpoint of {path!r} failed part-way ({error!r:.200})"
+            except BaseException as error:
+                self.access.mark_broken(f"LoadCheckpoint of {path!r}", error)
                 raise
             self.weights_version = weights_version
-            self._broken = None
+            self.access.mark_known()
             return self.weights_version, self.last_applied_step
 
-        return await self._exclusive(deadline, "LoadCheckpoint", work, atomic=True)
+        return await self.access.run("LoadCheckpoint", work, deadline, atomic=True)
 
 
 CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "applied")

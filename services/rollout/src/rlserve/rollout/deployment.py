@@ -28,7 +28,7 @@ from rlserve.core.serving import (
 )
 from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
-from rlserve.rollout.engine import RolloutController, controller_settings
+from rlserve.rollout.controller import RolloutController, controller_settings
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.v1 import common_pb2, reference_pb2, rollout_pb2
 

@@ -363,10 +363,19 @@ def _apply(applications: dict[str, dict[str, Any]]) -> None:
     _get_global_client().deploy_apps(ServeDeploySchema(applications=list(applications.values())))
 
 
+UNHEALTHY_GRACE_S = 120.0
+"""How long an app may stay UNHEALTHY while deploying: Serve replaces a replica that
+fails its health check within seconds, and a new one loads its weights and builds its
+engines (a minute on a small CPU node)."""
+
+
 def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> dict[str, float]:
     """Deploys or updates Serve config entries (name, route_prefix, import_path, args) next
     to the apps already declared, which keep running untouched, and waits until every
-    one given is RUNNING; a failed deployment raises with Serve's message.
+    one given is RUNNING; a failed deployment raises with Serve's message. An UNHEALTHY
+    app is one whose replica failed its health check and is being replaced by Serve
+    (e.g. a worker died while no trainer was watching): it raises only if it stays
+    unhealthy for UNHEALTHY_GRACE_S.
 
     Returns the seconds from the request until each app was seen RUNNING (polled every
     0.5 s; the apps deploy concurrently, so the largest is the deployment's wall time).
@@ -379,6 +388,7 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
     _apply(merged)
     names = [app["name"] for app in applications]
     ready_s: dict[str, float] = {}
+    unhealthy_since: dict[str, float] = {}
     deadline = started + timeout_s
     while True:
         statuses = serve.status().applications
@@ -386,7 +396,16 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
         for name in names:
             status = statuses.get(name)
             state = status.status if status else "NOT_STARTED"
-            if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+            if state == "UNHEALTHY":
+                since = unhealthy_since.setdefault(name, time.monotonic())
+                if time.monotonic() - since > UNHEALTHY_GRACE_S:
+                    raise RuntimeError(
+                        f"service {name!r} stayed unhealthy for {UNHEALTHY_GRACE_S:.0f} s: "
+                        f"{_failure(status)}"
+                    )
+            else:
+                unhealthy_since.pop(name, None)
+            if state == "DEPLOY_FAILED":
                 raise RuntimeError(f"service {name!r} failed to deploy: {_failure(status)}")
             if state != "RUNNING":
                 pending[name] = state

@@ -20,10 +20,11 @@ It owns what is service-wide rather than per rank:
   padding, collect in order). An update is planned here, once: each epoch shuffles the
   rows (seeded by config seed + step), cuts mini-batches, and gives every rank an equal
   contiguous share of each, so the same request trains identically with 1 or N workers.
-- **Failure containment.** Calls run one at a time (an asyncio lock), so a generation can
-  never see half-updated weights. An update or checkpoint load that fails after it
-  reached the workers may have left weights changed, so the controller refuses further
-  work (FAILED_PRECONDITION) until a LoadCheckpoint succeeds.
+- **Failure containment** (rlserve.core.exclusive, shared with the critic). Calls run
+  one at a time, so a generation can never see half-updated weights. An update or
+  checkpoint load that fails after it reached the workers may have left weights
+  changed, so the controller refuses further work (FAILED_PRECONDITION) until a
+  LoadCheckpoint succeeds.
 - **Checkpoints** live under the configured `checkpoint_root`; requests name them by a
   relative path (rlserve.core.checkpoint_paths refuses anything that could leave the
   root). A load first has every rank read its state files weights-only, changing
@@ -34,7 +35,8 @@ It owns what is service-wide rather than per rank:
   the workers, which stop between tokens and micro-batches once it has passed, so an
   abandoned request does not keep the workers busy (and growing) while later calls
   queue behind it. Updates and checkpoints check the caller's deadline before they start
-  but then run to completion, since stopping half-way would leave ranks out of step.
+  but then run to completion, even when the caller goes away, since stopping half-way
+  would leave ranks out of step.
 - **Request size.** `max_batch_samples` bounds the rows a request carries or makes and
   `max_request_tokens` its token positions (rows × sequence length), before any work.
 
@@ -44,15 +46,14 @@ It owns what is service-wide rather than per rank:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import grpc
 import torch
@@ -65,6 +66,7 @@ from rlserve.core.checkpoint_paths import (
     require_load_dir,
     save_failed,
 )
+from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger
 from rlserve.core.training import UnsafeCheckpointError, minibatch_indices
@@ -78,7 +80,6 @@ from rlserve.rollout.request_checks import (
 )
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 NO_DEADLINE = Deadline()
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
@@ -181,8 +182,7 @@ class RolloutController:
         self.settings = settings
         self.weights_version = 0
         self.steps: StepLedger[UpdateRecord] = StepLedger(settings.kept_update_results)
-        self._broken: str | None = None
-        self._lock = asyncio.Lock()
+        self.access = ExclusiveAccess("rollout service", settings.worker_call_timeout_s)
         self._worker_info: list[dict[str, Any]] | None = None
 
     @property
@@ -191,10 +191,7 @@ class RolloutController:
 
     def health_problems(self) -> list[str]:
         """Why this service cannot serve: dead workers, weights left inconsistent."""
-        problems = self.workers.dead_workers()
-        if self._broken is not None:
-            problems.append(f"weights may be inconsistent: {self._broken}")
-        return problems
+        return self.workers.dead_workers() + self.access.problems()
 
     # ---- RPC logic ----------------------------------------------------------------------
 
@@ -226,19 +223,19 @@ class RolloutController:
             {key: prompts[key] for key in ("input_ids", "attention_mask")},
             {**prompts.non_tensors, "uid": list(range(len(prompts)))},
         )
-        async with self._lock:
-            self._check_usable()
+
+        async def generate() -> tuple[Batch, int]:
+            self.access.check_usable()
             self._check_expected_version(expected_weights_version)
             deadline.check("GenerateSequences")
-            start = time.perf_counter()
-            result = await self._call(
-                self.workers.run_split(
-                    "generate", work, sampling=sampling, deadline=deadline.unix_s
-                ),
-                deadline,
-                "GenerateSequences",
-            )
-            version = self.weights_version
+            return await self.workers.run_split(
+                "generate", work, sampling=sampling, deadline=deadline.unix_s
+            ), self.weights_version
+
+        start = time.perf_counter()
+        result, version = await self.access.run(
+            "GenerateSequences", generate, deadline, atomic=False
+        )
         elapsed_s = time.perf_counter() - start
         temperature = sampling.temperature if sampling.temperature > 0 else 1.0
         meta = {**prompts.meta, "weights_version": version, TEMPERATURE_META_KEY: temperature}
@@ -266,24 +263,22 @@ class RolloutController:
         )
         temperature = _temperature(batch, settings.temperature)
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
-        async with self._lock:
-            self._check_usable()
+
+        async def score() -> tuple[Batch, int]:
+            self.access.check_usable()
             self._check_expected_version(expected_weights_version)
             deadline.check("ComputeLogProb")
-            start = time.perf_counter()
-            result = await self._call(
-                self.workers.run_split(
-                    "compute_log_prob",
-                    work,
-                    temperature=temperature,
-                    return_entropy=return_entropy,
-                    return_sum_pi_squared=return_sum_pi_squared,
-                    deadline=deadline.unix_s,
-                ),
-                deadline,
-                "ComputeLogProb",
-            )
-            version = self.weights_version
+            return await self.workers.run_split(
+                "compute_log_prob",
+                work,
+                temperature=temperature,
+                return_entropy=return_entropy,
+                return_sum_pi_squared=return_sum_pi_squared,
+                deadline=deadline.unix_s,
+            ), self.weights_version
+
+        start = time.perf_counter()
+        result, version = await self.access.run("ComputeLogProb", score, deadline, atomic=False)
         elapsed_s = time.perf_counter() - start
         tokens = float(batch["response_mask"].sum())
         metrics = {
@@ -313,12 +308,12 @@ class RolloutController:
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
         deadline.check("ComputeRefLogProb")
         start = time.perf_counter()
-        result = await self._call(
+        result = await self.access.run_unlocked(
+            "ComputeRefLogProb",
             self.workers.run_split(
                 "compute_ref_log_prob", work, temperature=temperature, deadline=deadline.unix_s
             ),
             deadline,
-            "ComputeRefLogProb",
         )
         metrics = {
             "forward_s": time.perf_counter() - start,
@@ -339,54 +334,51 @@ class RolloutController:
         if step < 0:
             raise invalid_argument("step", f"must be >= 0, got {step}")
         fingerprint = batch_fingerprint(batch)
-        return await _shielded(
-            self._update_actor(step, weights_version, batch, fingerprint, deadline)
+        return await self.access.run(
+            f"UpdateActor step {step}",
+            lambda: self._update_actor(step, weights_version, batch, fingerprint),
+            deadline,
+            atomic=True,
         )
 
     async def _update_actor(
-        self, step: int, weights_version: int, batch: Batch, fingerprint: str, deadline: Deadline
+        self, step: int, weights_version: int, batch: Batch, fingerprint: str
     ) -> UpdateResult:
         settings = self.settings
-        async with self._lock:
-            self._check_usable()
-            stored = self.steps.replay_or_require_next(step)
-            if stored is not None:
-                if stored.fingerprint != fingerprint:
-                    # The contract replays by step alone; a different batch under an
-                    # applied step is most likely a caller's bug, so say so in the log.
-                    logger.warning(
-                        "UpdateActor step %d replayed, but its batch differs from the one "
-                        "applied; the new batch was not trained on",
-                        step,
-                    )
-                return UpdateResult(stored.metrics, stored.weights_version, replayed=True)
-            self._check_version("weights_version", weights_version)
-            batch = check_update_batch(
-                batch,
-                settings.vocab_size,
-                settings.max_batch_samples,
-                settings.use_kl_loss,
-                settings.max_request_tokens,
-            )
-            per_rank = self._plan_update(batch, step)
-            temperature = _temperature(batch, settings.temperature)
-            deadline.check("UpdateActor")
-            start = time.perf_counter()
-            try:
-                results = await self._call(
-                    self.workers.run_each("update_actor", per_rank, temperature=temperature),
-                    NO_DEADLINE,  # see the module docstring: an update is not abandoned
-                    "UpdateActor",
+        self.access.check_usable()
+        stored = self.steps.replay_or_require_next(step)
+        if stored is not None:
+            if stored.fingerprint != fingerprint:
+                # The contract replays by step alone; a different batch under an
+                # applied step is most likely a caller's bug, so say so in the log.
+                logger.warning(
+                    "UpdateActor step %d replayed, but its batch differs from the one "
+                    "applied; the new batch was not trained on",
+                    step,
                 )
-            except BaseException as error:
-                self._broken = f"UpdateActor step {step} failed part-way ({error!r:.200})"
-                raise
-            metrics = _merge_rank_metrics(results)
-            metrics["update_s"] = time.perf_counter() - start
-            metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
-            self.weights_version += 1
-            self.steps.record(step, UpdateRecord(step, self.weights_version, metrics, fingerprint))
-            return UpdateResult(metrics, self.weights_version, replayed=False)
+            return UpdateResult(stored.metrics, stored.weights_version, replayed=True)
+        self._check_version("weights_version", weights_version)
+        batch = check_update_batch(
+            batch,
+            settings.vocab_size,
+            settings.max_batch_samples,
+            settings.use_kl_loss,
+            settings.max_request_tokens,
+        )
+        per_rank = self._plan_update(batch, step)
+        temperature = _temperature(batch, settings.temperature)
+        start = time.perf_counter()
+        try:
+            results = await self.workers.run_each("update_actor", per_rank, temperature=temperature)
+        except BaseException as error:
+            self.access.mark_broken(f"UpdateActor step {step}", error)
+            raise
+        metrics = _merge_rank_metrics(results)
+        metrics["update_s"] = time.perf_counter() - start
+        metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
+        self.weights_version += 1
+        self.steps.record(step, UpdateRecord(step, self.weights_version, metrics, fingerprint))
+        return UpdateResult(metrics, self.weights_version, replayed=False)
 
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
         """Writes <root>/<path>/model and .../deepspeed; returns (weights_version, last step).
@@ -396,22 +388,18 @@ class RolloutController:
         """
         directory = checkpoint_path(self.settings.checkpoint_root, path)
         prepare_save_dir(directory)
-        return await _shielded(self._save_checkpoint(directory, deadline))
+        return await self.access.run(
+            "SaveCheckpoint", lambda: self._save_checkpoint(directory), deadline, atomic=True
+        )
 
-    async def _save_checkpoint(self, directory: Path, deadline: Deadline) -> tuple[int, int]:
-        async with self._lock:
-            self._check_usable()
-            deadline.check("SaveCheckpoint")
-            state = self._client_state()
-            try:
-                await self._call(
-                    self.workers.run_all("save_checkpoint", str(directory), state),
-                    NO_DEADLINE,
-                    "SaveCheckpoint",
-                )
-            except OSError as error:  # disk full, permissions: the weights are untouched
-                raise save_failed(directory, error) from None
-            return self.weights_version, self.last_applied_step
+    async def _save_checkpoint(self, directory: Path) -> tuple[int, int]:
+        self.access.check_usable()
+        state = self._client_state()
+        try:
+            await self.workers.run_all("save_checkpoint", str(directory), state)
+        except OSError as error:  # disk full, permissions: the weights are untouched
+            raise save_failed(directory, error) from None
+        return self.weights_version, self.last_applied_step
 
     async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
         """Restores a SaveCheckpoint directory; returns (weights_version, last step).
@@ -422,38 +410,30 @@ class RolloutController:
         """
         directory = checkpoint_path(self.settings.checkpoint_root, path)
         require_load_dir(directory, "rollout checkpoint")
-        return await _shielded(self._load_checkpoint(directory, deadline))
+        return await self.access.run(
+            "LoadCheckpoint", lambda: self._load_checkpoint(directory), deadline, atomic=True
+        )
 
-    async def _load_checkpoint(self, directory: Path, deadline: Deadline) -> tuple[int, int]:
+    async def _load_checkpoint(self, directory: Path) -> tuple[int, int]:
         path = str(directory)
-        async with self._lock:
-            deadline.check("LoadCheckpoint")
-            try:
-                states = await self._call(
-                    self.workers.run_all("check_checkpoint", path, list(CLIENT_STATE_KEYS)),
-                    NO_DEADLINE,
-                    "LoadCheckpoint",
-                )
-                restored = _parse_client_state(states[0])
-            except (FileNotFoundError, UnsafeCheckpointError, ValueError) as error:
-                raise load_refused(directory, "rollout checkpoint", error) from None
-            try:
-                await self._call(
-                    self.workers.run_all("load_checkpoint", str(directory)),
-                    NO_DEADLINE,
-                    "LoadCheckpoint",
-                )
-                self.steps.restore(restored.last_applied_step, restored.updates)
-                self.weights_version = restored.weights_version
-            except FileNotFoundError as error:  # nothing was loaded: the state is intact
-                raise failed_precondition(
-                    f"location.path: no rollout checkpoint under {path!r} ({error})"
-                ) from None
-            except BaseException as error:
-                self._broken = f"LoadCheckpoint of {path!r} failed part-way ({error!r:.200})"
-                raise
-            self._broken = None
-            return self.weights_version, self.last_applied_step
+        try:
+            states = await self.workers.run_all("check_checkpoint", path, list(CLIENT_STATE_KEYS))
+            restored = _parse_client_state(states[0])
+        except (FileNotFoundError, UnsafeCheckpointError, ValueError) as error:
+            raise load_refused(directory, "rollout checkpoint", error) from None
+        try:
+            await self.workers.run_all("load_checkpoint", str(directory))
+            self.steps.restore(restored.last_applied_step, restored.updates)
+            self.weights_version = restored.weights_version
+        except FileNotFoundError as error:  # nothing was loaded: the state is intact
+            raise failed_precondition(
+                f"location.path: no rollout checkpoint under {path!r} ({error})"
+            ) from None
+        except BaseException as error:
+            self.access.mark_broken(f"LoadCheckpoint of {path!r}", error)
+            raise
+        self.access.mark_known()
+        return self.weights_version, self.last_applied_step
 
     async def info(self) -> dict[str, Any]:
         """model, engine, weights_version, last_applied_step and workers (by rank)."""
@@ -469,13 +449,6 @@ class RolloutController:
         }
 
     # ---- helpers ------------------------------------------------------------------------
-
-    def _check_usable(self) -> None:
-        if self._broken is not None:
-            raise failed_precondition(
-                f"the service's weights may be inconsistent: {self._broken}; "
-                "call LoadCheckpoint to restore a known state"
-            )
 
     def _check_expected_version(self, expected: int | None) -> None:
         if expected is not None:
@@ -514,16 +487,6 @@ class RolloutController:
         if settings.loss_normalizer == "mini_batch":
             shares = with_mini_batch_counts(shares, mini // workers)
         return shares
-
-    async def _call(self, work: Awaitable[T], deadline: Deadline, stage: str) -> T:
-        timeout_s = min(self.settings.worker_call_timeout_s, deadline.remaining_s())
-        try:
-            return await asyncio.wait_for(work, timeout=timeout_s)
-        except TimeoutError:
-            raise RpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"{stage}: the workers did not answer within {timeout_s:.1f} s",
-            ) from None
 
     def _client_state(self) -> dict[str, Any]:
         return {
@@ -605,11 +568,6 @@ def with_mini_batch_counts(shares: list[Batch], share_rows: int) -> list[Batch]:
         }
         counted.append(Batch({**share.tensors, **extra}, share.non_tensors, share.meta))
     return counted
-
-
-async def _shielded(work: Awaitable[T]) -> T:
-    """Runs `work` as a task that a cancelled caller does not cancel."""
-    return await asyncio.shield(asyncio.ensure_future(work))
 
 
 def batch_fingerprint(batch: Batch) -> str:
