@@ -105,9 +105,10 @@ def test_plain_work_is_cancelled_at_the_deadline_and_bounded_by_the_call_timeout
             messages.append(error.value.message)
         return events + messages
 
-    assert asyncio.run(scenario()) == ["cancelled", "cancelled"] + [
-        "caller's deadline passed during ComputeValues"
-    ] * 2
+    assert (
+        asyncio.run(scenario())
+        == ["cancelled", "cancelled"] + ["caller's deadline passed during ComputeValues"] * 2
+    )
 
 
 def test_a_broken_state_refuses_work_and_fails_the_health_check_until_known():

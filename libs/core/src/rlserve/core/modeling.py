@@ -36,6 +36,22 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
+def last_hidden_state(
+    backbone: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """A transformer backbone's (no LM head) last hidden states over left-padded rows,
+    positions counted from each row's first real token, no KV cache.
+
+    Shape: input_ids, attention_mask (B, S) -> (B, S, H)
+    """
+    return backbone(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
+
+
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[label] without materialising the full log-softmax.
 

@@ -4,12 +4,16 @@ They raise `RpcError`s (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) that `rpc_method` 
 into gRPC statuses, so a bad request never reaches a model and the replica keeps serving.
 """
 
+import math
+
 import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.serving import invalid_argument, resource_exhausted
 
 _ID_DTYPES = (torch.int64, torch.int32)
+TEMPERATURE_META_KEY = "temperature"
+"""Batch meta key the rollout's GenerateSequences stamps with its sampling temperature."""
 
 
 def require_rows(batch: Batch, max_rows: int, field: str = "batch") -> None:
@@ -186,3 +190,21 @@ def require_sequences(
         },
         meta=batch.meta,
     )
+
+
+def scoring_temperature(batch: Batch, default: float) -> float:
+    """The temperature to score a batch's tokens at: its meta's sampling temperature
+    (stamped by GenerateSequences) or, without one, the service's configured `default`;
+    0 (greedy sampling) scores at 1, as sampling's logits were never divided."""
+    value = batch.meta.get(TEMPERATURE_META_KEY, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise invalid_argument(
+            f"batch.meta[{TEMPERATURE_META_KEY!r}]",
+            f"must be a finite number >= 0 (the sampling temperature), got {value!r}",
+        )
+    return float(value) if value > 0 else 1.0

@@ -54,6 +54,7 @@ from rlserve.core.placement import (
     actor_resource_options,
     ensure_placement_group,
 )
+from rlserve.core.service_config import WorkerServiceConfig
 
 
 def distributed_address() -> tuple[str, int]:
@@ -259,6 +260,21 @@ class WorkerGroup:
             # their CPUs/GPUs (or waiting in the rendezvous)
             self.shutdown()
             raise
+
+    @classmethod
+    def for_service(
+        cls, factory: WorkerFactory, config: WorkerServiceConfig, worker_kwargs: dict[str, Any]
+    ) -> "WorkerGroup":
+        """The workers a service's config describes: `config.workers` ranks, sized and
+        placed by its num_cpus_per_worker, placement and device."""
+        return cls(
+            factory,
+            config.workers,
+            worker_kwargs,
+            num_cpus_per_worker=config.num_cpus_per_worker,
+            placement=config.placement,
+            device=config.device,
+        )
 
     def _start(self, schedule_timeout_s: float, kind: str, num_cpus_per_worker: float) -> None:
         try:

@@ -87,20 +87,6 @@ def worker_kwargs(config: CriticServiceConfig) -> dict[str, Any]:
     }
 
 
-def start_worker_group(config: CriticServiceConfig) -> Any:
-    """The Ray workers of a service: one CriticWorker actor per rank, in one gloo group."""
-    from rlserve.core.workers import WorkerGroup
-
-    return WorkerGroup(
-        "rlserve.critic.worker:CriticWorker",
-        config.workers,
-        worker_kwargs(config),
-        num_cpus_per_worker=config.num_cpus_per_worker,
-        placement=config.placement,
-        device=config.device,
-    )
-
-
 class CriticController:
     """State (version, applied steps) and dispatch of one critic service."""
 

@@ -23,8 +23,9 @@ from rlserve.core.serving import (
     rpc_method,
     setup_replica_tracing,
 )
+from rlserve.core.workers import WorkerGroup
 from rlserve.critic.config import CriticServiceConfig
-from rlserve.critic.controller import CriticController, start_worker_group
+from rlserve.critic.controller import CriticController, worker_kwargs
 from rlserve.v1 import common_pb2, critic_pb2
 
 
@@ -39,7 +40,12 @@ class CriticDeployment:
     def __init__(self, config: CriticServiceConfig):
         setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
         self.config = config
-        self.controller = CriticController(config, start_worker_group(config))
+        self.controller = CriticController(
+            config,
+            WorkerGroup.for_service(
+                "rlserve.critic.worker:CriticWorker", config, worker_kwargs(config)
+            ),
+        )
 
     async def check_health(self) -> None:
         """Serve's health check: fails while a worker is dead or the state is unusable."""

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForTokenClassification, PretrainedConfig
 
-from rlserve.core.modeling import DTYPES, load_causal_lm, position_ids_from_mask
+from rlserve.core.modeling import DTYPES, last_hidden_state, load_causal_lm
 
 WEIGHTS_FILE = "model.safetensors"
 # Key prefix of the head in the exported (token-classification) layout.
@@ -46,12 +46,7 @@ class ValueModel(nn.Module):
 
         Shape: input_ids, attention_mask (B, S) -> (B, S)
         """
-        hidden = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).last_hidden_state
+        hidden = last_hidden_state(self.backbone, input_ids, attention_mask)
         return self.value_head(hidden).squeeze(-1).float()
 
     def export_state_dict(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

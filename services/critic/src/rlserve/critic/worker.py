@@ -17,8 +17,6 @@ Update semantics, chosen so that N workers compute the same update as one:
   runs the same collectives (ZeRO-2/3 reduce in backward).
 """
 
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +26,22 @@ from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.devices import resolve_device
 from rlserve.core.ppo_math import value_loss
+from rlserve.core.rank_worker import TrainingRankWorker
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.serving import until_deadline
 from rlserve.core.training import (
     build_training_engine,
-    check_training_checkpoint,
     full_state_dict,
     grad_norm,
     load_training_checkpoint,
     save_training_checkpoint,
 )
-from rlserve.core.workers import distributed_address, init_process_group
 from rlserve.critic.config import DEEPSPEED_DIR, MODEL_DIR
 from rlserve.critic.model import load_value_model, response_values, save_value_model
 from rlserve.critic.requests import RankUpdate, loss_units
 
 
-class CriticWorker:
+class CriticWorker(TrainingRankWorker):
     """Value model + DeepSpeed engine of one rank; the engine exists after init_distributed."""
 
     def __init__(
@@ -89,12 +86,9 @@ class CriticWorker:
 
     # ---- process group ----------------------------------------------------------------
 
-    def node_address(self) -> tuple[str, int]:
-        return distributed_address()
-
     def init_distributed(self, address: str, port: int) -> None:
         """Joins the gloo group, then wraps the model in its DeepSpeed engine."""
-        init_process_group(self.rank, self.world_size, address, port, self.device)
+        super().init_distributed(address, port)
         self.engine = build_training_engine(
             self.model,
             lr=self.lr,
@@ -108,16 +102,7 @@ class CriticWorker:
 
     def info(self) -> dict[str, Any]:
         """Rank, placement and model facts for GetInfo and request validation."""
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        return {
-            "rank": self.rank,
-            "node_id": node_id,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "vocab_size": self.model.config.get_text_config().vocab_size,
-        }
+        return {**super().info(), "vocab_size": self.model.config.get_text_config().vocab_size}
 
     # ---- work ---------------------------------------------------------------------------
 
@@ -216,12 +201,6 @@ class CriticWorker:
         if self.rank == 0:
             save_value_model(self.model, state_dict, root / MODEL_DIR)
         save_training_checkpoint(self.engine, root / DEEPSPEED_DIR, client_state)
-
-    def check_checkpoint(self, directory: str, client_keys: list[str]) -> dict[str, Any]:
-        """Reads this rank's state files weights-only, changing nothing (raises
-        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint.
-        Returns the saved client_state's entries named `client_keys`."""
-        return check_training_checkpoint(Path(directory) / DEEPSPEED_DIR, self.rank, client_keys)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer from deepspeed/; returns the saved client_state."""

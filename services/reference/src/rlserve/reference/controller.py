@@ -20,18 +20,15 @@ micro-batch. Requests are bounded by rows (max_batch_samples) and token position
 """
 
 import asyncio
-import math
 import time
 from typing import Any
 
 from rlserve.core.batch import Batch
-from rlserve.core.serving import Deadline, deadline_exceeded, invalid_argument
-from rlserve.core.validation import require_sequences
+from rlserve.core.serving import Deadline, deadline_exceeded
+from rlserve.core.validation import require_sequences, scoring_temperature
 from rlserve.reference.config import ReferenceServiceConfig
 
 NO_DEADLINE = Deadline()
-# Batch meta key the rollout service stamps with the sampling temperature of generation.
-TEMPERATURE_META_KEY = "temperature"
 
 
 def worker_kwargs(config: ReferenceServiceConfig) -> dict[str, Any]:
@@ -45,38 +42,6 @@ def worker_kwargs(config: ReferenceServiceConfig) -> dict[str, Any]:
         "logits_chunk_tokens": config.logits_chunk_tokens,
         "forward_max_tokens": config.forward_max_tokens,
     }
-
-
-def start_worker_group(config: ReferenceServiceConfig) -> Any:
-    """One ReferenceWorker actor per rank."""
-    from rlserve.core.workers import WorkerGroup
-
-    return WorkerGroup(
-        "rlserve.reference.worker:ReferenceWorker",
-        config.workers,
-        worker_kwargs(config),
-        num_cpus_per_worker=config.num_cpus_per_worker,
-        placement=config.placement,
-        device=config.device,
-    )
-
-
-def scoring_temperature(batch: Batch, default: float) -> float:
-    """The batch's sampling temperature (meta 'temperature', stamped by the rollout's
-    GenerateSequences) or, without one, this service's configured temperature; 0 (greedy
-    sampling) scores at 1, as the rollout's ComputeLogProb does."""
-    value = batch.meta.get(TEMPERATURE_META_KEY, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise invalid_argument(
-            f"batch.meta[{TEMPERATURE_META_KEY!r}]",
-            f"must be a finite number >= 0 (the sampling temperature), got {value!r}",
-        )
-    return float(value) if value > 0 else 1.0
 
 
 class ReferenceController:

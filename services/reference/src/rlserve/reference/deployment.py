@@ -20,8 +20,9 @@ from rlserve.core.serving import (
     rpc_method,
     setup_replica_tracing,
 )
+from rlserve.core.workers import WorkerGroup
 from rlserve.reference.config import ReferenceServiceConfig
-from rlserve.reference.controller import ReferenceController, start_worker_group
+from rlserve.reference.controller import ReferenceController, worker_kwargs
 from rlserve.v1 import common_pb2, reference_pb2
 
 
@@ -32,7 +33,12 @@ class ReferenceDeployment:
     def __init__(self, config: ReferenceServiceConfig):
         setup_replica_tracing("reference", config.tracing)  # before the workers: they inherit it
         self.config = config
-        self.controller = ReferenceController(config, start_worker_group(config))
+        self.controller = ReferenceController(
+            config,
+            WorkerGroup.for_service(
+                "rlserve.reference.worker:ReferenceWorker", config, worker_kwargs(config)
+            ),
+        )
 
     async def check_health(self) -> None:
         """Serve's health check: fails while a worker is dead or the state is unusable."""

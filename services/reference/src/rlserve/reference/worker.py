@@ -11,8 +11,6 @@ joins a gloo process group as WorkerGroup requires, although inference needs no
 collective.
 """
 
-import os
-import socket
 from typing import Any
 
 import torch
@@ -21,16 +19,16 @@ from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.devices import resolve_device
 from rlserve.core.modeling import load_causal_lm
+from rlserve.core.rank_worker import RankWorker
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
     forward_micro_batches,
     score_responses,
 )
 from rlserve.core.serving import until_deadline
-from rlserve.core.workers import distributed_address, init_process_group
 
 
-class ReferenceWorker:
+class ReferenceWorker(RankWorker):
     """Frozen policy copy of one rank."""
 
     def __init__(
@@ -55,24 +53,9 @@ class ReferenceWorker:
         self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
         self.model.requires_grad_(False)
 
-    def node_address(self) -> tuple[str, int]:
-        return distributed_address()
-
-    def init_distributed(self, address: str, port: int) -> None:
-        init_process_group(self.rank, self.world_size, address, port, self.device)
-
     def info(self) -> dict[str, Any]:
         """Rank, placement and model facts for GetInfo and request validation."""
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        return {
-            "rank": self.rank,
-            "node_id": node_id,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "vocab_size": self.model.config.get_text_config().vocab_size,
-        }
+        return {**super().info(), "vocab_size": self.model.config.get_text_config().vocab_size}
 
     @torch.no_grad()
     def compute_ref_log_prob(

@@ -8,7 +8,7 @@ which a response legitimately ends with. So the head runs on B hidden states, no
 
 Supported: decoder-style classifiers with a `score` head over a base model (Llama,
 Qwen2, Mistral, Gemma, GPT-2, ... — how reward models are usually built); others are
-rejected at load. Positions skip left padding (`position_ids_from_mask`), so a padded
+rejected at load. Positions skip left padding (`last_hidden_state`), so a padded
 row scores the same as the row alone. Work is micro-batched (`micro_batch_samples`) and
 each micro-batch is trimmed to the columns where any row has a real token; the caller's
 deadline is checked between micro-batches.
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from rlserve.core.modeling import DTYPES, position_ids_from_mask
+from rlserve.core.modeling import DTYPES, last_hidden_state
 from rlserve.core.serving import Deadline
 
 
@@ -72,12 +72,7 @@ class RewardModel:
             ids = input_ids[start : start + self.micro_batch_samples]
             mask = attention_mask[start : start + self.micro_batch_samples]
             ids, mask = _trim_padding(ids, mask)
-            hidden = self._base(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=position_ids_from_mask(mask),
-                use_cache=False,
-            ).last_hidden_state
+            hidden = last_hidden_state(self._base, ids, mask)
             positions = torch.arange(mask.shape[1]).expand_as(mask)
             last = (positions * mask).argmax(dim=-1)
             last_hidden = hidden[torch.arange(hidden.shape[0]), last]

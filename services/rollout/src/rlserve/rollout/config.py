@@ -14,37 +14,21 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlserve.core.config import ConfigError, ConfigModel
-from rlserve.core.devices import DeviceSetting
-from rlserve.core.placement import WorkerPlacementConfig
-from rlserve.core.run_config import KlKind, LossAggMode, PolicyLossName, TracingConfig
+from rlserve.core.config import ConfigError
+from rlserve.core.run_config import KlKind, LossAggMode, PolicyLossName
+from rlserve.core.service_config import TrainingServiceConfig
 from rlserve.core.vllm_config import VllmConfig
 
-Dtype = Literal["float32", "bfloat16", "float16"]
 
+class RolloutServiceConfig(TrainingServiceConfig):
+    """The actor (generation + PPO training of one policy) behind RolloutService; the
+    fields every worker service shares are documented in rlserve.core.service_config."""
 
-class RolloutServiceConfig(ConfigModel):
-    """The actor (generation + PPO training of one policy) behind RolloutService."""
-
-    model_path: str
-    """Local Hugging Face model directory (config, tokenizer, weights) of the policy."""
-    dtype: Dtype = "float32"
-    """Parameter dtype of the training model and the generation engine (bfloat16/float16
-    turn on DeepSpeed's mixed precision)."""
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: transformers `generate` ('hf') or vLLM in-process ('vllm')."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     """vLLM engine settings (KV cache, context length, sleep while training); used when
     engine is 'vllm'. The trainer passes its `rollout.vllm` here."""
-    workers: int = Field(1, ge=1)
-    """Data-parallel workers (DeepSpeed ranks), one Ray actor each, each with its own
-    generation engine."""
-    device: DeviceSetting = "auto"
-    """Where each worker computes: 'cuda' (its bundle's GPU; ranks use NCCL), 'cpu'
-    (gloo), or 'auto' = CUDA when the worker sees a GPU."""
-    gradient_checkpointing: bool = False
-    """Recompute the model's activations in backward instead of keeping them (less
-    memory for long sequences, ≈ one more forward of compute)."""
     lora_rank: int = Field(0, ge=0)
     """Rank of LoRA adapters on every linear layer but the LM head (lora_target_modules);
     only the adapters train and the reference is the base with adapters off. 0 trains
@@ -56,14 +40,8 @@ class RolloutServiceConfig(ConfigModel):
     logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk when scoring and training: peak logits memory is
     ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
-    num_cpus_per_worker: float = Field(1.0, gt=0)
-    """Ray CPUs reserved per worker."""
     torch_threads_per_worker: int = Field(1, ge=1)
     """torch intra-op threads in each worker (keep workers × threads ≤ physical cores)."""
-    placement: WorkerPlacementConfig | None = None
-    """Named placement group (a resource pool's) the workers run in, worker i in bundle
-    placement.bundle_offset + i, each asking for its bundle's resources (then
-    num_cpus_per_worker only sets torch threads); None = Ray picks nodes."""
     serve_reference: bool = False
     """Also answer ReferenceService.ComputeRefLogProb: each worker keeps a frozen copy of
     the initial weights beside its training engine (the reference merged into the actor's
@@ -71,18 +49,10 @@ class RolloutServiceConfig(ConfigModel):
     seed: int = 0
     """Seed of the mini-batch shuffling (offset by the step) and of the vLLM engine."""
 
-    zero_stage: int = Field(0, ge=0, le=3)
-    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
     lr: float = Field(2e-4, gt=0)
     """Learning rate of the actor's AdamW optimizer."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Clip the global gradient norm to this value (DeepSpeed's gradient_clipping)."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each UpdateActor batch."""
-    ppo_mini_batch_samples: int = Field(64, ge=1)
-    """Samples per optimizer step, across all workers; an update's rows must be a multiple."""
     micro_batch_samples: int = Field(16, ge=1)
     """Samples per forward/backward pass on one worker; gradients accumulate over a
     worker's share of the mini-batch."""
@@ -134,9 +104,6 @@ class RolloutServiceConfig(ConfigModel):
     'temperature' (GenerateSequences stamps the sampling temperature into its batches)."""
     logprob_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeLogProb on one worker."""
-    forward_max_tokens: int | None = Field(None, ge=1)
-    """Most tokens per forward micro-batch (rows × (longest prompt + longest response)
-    in it), so a few long sequences make a small micro-batch; None = by sample count only."""
     max_batch_samples: int = Field(4096, ge=1)
     """Most rows one request may carry or produce (prompts × responses for generation);
     larger requests get RESOURCE_EXHAUSTED."""
@@ -160,21 +127,10 @@ class RolloutServiceConfig(ConfigModel):
     worker_call_timeout_s: float = Field(1800.0, gt=0)
     """Upper bound on one call to the workers, in seconds (the caller's deadline, when
     sooner, bounds generation and log-prob calls too)."""
-    checkpoint_root: str | None = None
-    """Directory SaveCheckpoint / LoadCheckpoint are confined to: requests name a
-    checkpoint by a path relative to it (e.g. "step_000010/rollout"); absolute paths,
-    '..' and symlinks leading out are refused. Must be shared by every worker (same path
-    on every node). None = the service saves and loads no checkpoints. The trainer sets
-    its run's checkpoints directory here when it deploys the service."""
-    tracing: TracingConfig = Field(default_factory=TracingConfig)
-    """OpenTelemetry span export of this service (and its workers); off by default. The
-    trainer passes its own `trainer.tracing` here when it deploys the service."""
 
     @model_validator(mode="after")
     def _batches_split_evenly(self) -> RolloutServiceConfig:
-        if self.placement is not None:
-            self.placement.require_room_for(self.workers)
-        issues: list[tuple[str, str]] = []
+        issues = self.mini_batch_split_issues(self.micro_batch_samples)
         if self.lora_rank and self.zero_stage == 3:
             issues.append(
                 (
@@ -202,32 +158,9 @@ class RolloutServiceConfig(ConfigModel):
                     f"must exceed clip_cov_low ({self.clip_cov_low}); got {self.clip_cov_high}",
                 )
             )
-        if self.ppo_mini_batch_samples % self.workers:
-            issues.append(
-                (
-                    "workers",
-                    f"must divide ppo_mini_batch_samples ({self.ppo_mini_batch_samples}) so "
-                    f"each worker gets an equal share of a mini-batch; got {self.workers}",
-                )
-            )
-        elif self.worker_mini_batch_samples % self.micro_batch_samples:
-            share = self.worker_mini_batch_samples
-            issues.append(
-                (
-                    "micro_batch_samples",
-                    f"must divide each worker's share of a mini-batch, {share} samples "
-                    f"(ppo_mini_batch_samples {self.ppo_mini_batch_samples} / workers "
-                    f"{self.workers}); got {self.micro_batch_samples}",
-                )
-            )
         if issues:
             raise ConfigError(issues)
         return self
-
-    @property
-    def worker_mini_batch_samples(self) -> int:
-        """One worker's share of a mini-batch."""
-        return self.ppo_mini_batch_samples // self.workers
 
     @property
     def grad_accum_steps(self) -> int:

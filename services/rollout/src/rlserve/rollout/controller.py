@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger
 from rlserve.core.training import UnsafeCheckpointError, minibatch_indices
+from rlserve.core.validation import TEMPERATURE_META_KEY, scoring_temperature
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.request_checks import (
@@ -84,9 +84,6 @@ NO_DEADLINE = Deadline()
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 UPDATE_KEYS = (*SEQUENCE_KEYS, "old_log_probs", "advantages")
-TEMPERATURE_META_KEY = "temperature"
-"""Batch meta key carrying the sampling temperature from generation to scoring and
-training: log-probs are taken under softmax(logits / T), as the samples were drawn."""
 
 
 class Workers(Protocol):
@@ -261,7 +258,7 @@ class RolloutController:
         batch = check_sequences(
             batch, settings.vocab_size, settings.max_batch_samples, settings.max_request_tokens
         )
-        temperature = _temperature(batch, settings.temperature)
+        temperature = scoring_temperature(batch, settings.temperature)
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
 
         async def score() -> tuple[Batch, int]:
@@ -304,7 +301,7 @@ class RolloutController:
         batch = check_sequences(
             batch, settings.vocab_size, settings.max_batch_samples, settings.max_request_tokens
         )
-        temperature = _temperature(batch, settings.temperature)
+        temperature = scoring_temperature(batch, settings.temperature)
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
         deadline.check("ComputeRefLogProb")
         start = time.perf_counter()
@@ -366,7 +363,7 @@ class RolloutController:
             settings.max_request_tokens,
         )
         per_rank = self._plan_update(batch, step)
-        temperature = _temperature(batch, settings.temperature)
+        temperature = scoring_temperature(batch, settings.temperature)
         start = time.perf_counter()
         try:
             results = await self.workers.run_each("update_actor", per_rank, temperature=temperature)
@@ -439,7 +436,7 @@ class RolloutController:
         """model, engine, weights_version, last_applied_step and workers (by rank)."""
         if self._worker_info is None:
             # Cached: workers never move, and asking them would queue behind a long update.
-            self._worker_info = await self.workers.run_all("describe")
+            self._worker_info = await self.workers.run_all("info")
         return {
             "model": self.settings.model,
             "engine": self.settings.engine,
@@ -588,21 +585,6 @@ def _merge_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
     merged["tokens"] = float(sum(r["tokens"] for r in results))
     return merged
-
-
-def _temperature(batch: Batch, default: float) -> float:
-    value = batch.meta.get(TEMPERATURE_META_KEY, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise invalid_argument(
-            f"batch.meta[{TEMPERATURE_META_KEY!r}]",
-            f"must be a finite number >= 0 (the sampling temperature), got {value!r}",
-        )
-    return float(value) if value > 0 else 1.0
 
 
 def controller_settings(

@@ -56,13 +56,8 @@ class RolloutDeployment:
     def __init__(self, config: RolloutServiceConfig):
         setup_replica_tracing(ROLE, config.tracing)  # before the workers: they inherit it
         self.config = config
-        workers = WorkerGroup(
-            "rlserve.rollout.worker:ActorWorker.from_service_config",
-            config.workers,
-            {"config": config},
-            num_cpus_per_worker=config.num_cpus_per_worker,
-            placement=config.placement,
-            device=config.device,
+        workers = WorkerGroup.for_service(
+            "rlserve.rollout.worker:ActorWorker.from_service_config", config, {"config": config}
         )
         limits = workers.call_rank0("model_limits")
         self.controller = RolloutController(workers, controller_settings(config, **limits))

@@ -32,13 +32,10 @@ input_ids = prompts ‖ responses [N, P+R], attention_mask likewise, response_ma
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 
 from rlserve.core import tracing
@@ -52,6 +49,7 @@ from rlserve.core.ppo_math import (
     kl_loss,
     mini_batch_loss_scale,
 )
+from rlserve.core.rank_worker import TrainingRankWorker
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
     forward_micro_batches,
@@ -60,19 +58,17 @@ from rlserve.core.response_scoring import (
 from rlserve.core.serving import Deadline, until_deadline
 from rlserve.core.training import (
     build_training_engine,
-    check_training_checkpoint,
     full_state_dict,
     grad_norm,
     load_training_checkpoint,
     save_training_checkpoint,
 )
-from rlserve.core.workers import distributed_address, init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import GenerationEngine, SamplingSettings
 
 MODEL_SUBDIR = "model"
 ADAPTER_SUBDIR = "adapter"
-DEEPSPEED_SUBDIR = "deepspeed"
+DEEPSPEED_SUBDIR = TrainingRankWorker.DEEPSPEED_SUBDIR
 # The span of each forward micro-batch, by the RPC it serves.
 FORWARD_SPANS = {"ComputeLogProb": "rollout.forward", "ComputeRefLogProb": "reference.forward"}
 
@@ -199,7 +195,7 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
     }
 
 
-class ActorWorker:
+class ActorWorker(TrainingRankWorker):
     """One DP rank: a DeepSpeed-trained policy plus a generation engine.
 
     Construct, then `init_distributed(address, port)` (WorkerGroup does both) before
@@ -258,11 +254,8 @@ class ActorWorker:
 
     # ---- set-up ---------------------------------------------------------------------
 
-    def node_address(self) -> tuple[str, int]:
-        return distributed_address()
-
     def init_distributed(self, address: str, port: int) -> None:
-        init_process_group(self.rank, self.world_size, address, port, self.device)
+        super().init_distributed(address, port)
         settings = self.optimizer_settings
         policy = load_causal_lm(self.model_path, self.dtype).to(self.device)
         if self.gradient_checkpointing:
@@ -302,19 +295,6 @@ class ActorWorker:
         return {
             "vocab_size": int(config.vocab_size),
             "max_positions": int(getattr(config, "max_position_embeddings", None) or 2**31),
-        }
-
-    def describe(self) -> dict[str, Any]:
-        """rank, node_id, hostname, pid (for GetInfo)."""
-        try:
-            node_id = ray.get_runtime_context().get_node_id()
-        except Exception:  # in-process, without Ray
-            node_id = ""
-        return {
-            "rank": self.rank,
-            "node_id": node_id or "",
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
         }
 
     # ---- generation -----------------------------------------------------------------
@@ -587,12 +567,6 @@ class ActorWorker:
             plain.save_pretrained(model_dir, state_dict=weights, safe_serialization=True)
             self.tokenizer.save_pretrained(model_dir)
         save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
-
-    def check_checkpoint(self, directory: str, client_keys: list[str]) -> dict[str, Any]:
-        """Reads this rank's state files weights-only, changing nothing (raises
-        FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint.
-        Returns the saved client_state's entries named `client_keys`."""
-        return check_training_checkpoint(Path(directory) / DEEPSPEED_SUBDIR, self.rank, client_keys)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer state, syncs the generation engine; the client_state."""
