@@ -2,7 +2,10 @@
 
 The trainer deploys each service from `service_args(run config)`; a service field that
 no run-config field reaches is a knob users cannot turn (as the ComputeLogProb
-micro-batch once was). These tests list each service config's fields against what the
+micro-batch once was). A worker service's config subclasses its run section's settings
+(rlserve.core.service_config), so a field added there is a run-config field that reaches
+the service with no other edit; these tests check that every other field of a service
+config is one the trainer derives, list each service config's fields against what the
 trainer sets, and check the args validate in the service's own config model, so a
 renamed or dropped field fails here.
 """
@@ -10,7 +13,8 @@ renamed or dropped field fails here.
 import pytest
 
 from rlserve.core.config import validate_config
-from rlserve.core.run_config import RunConfig
+from rlserve.core.run_config import ActorSettings, CriticSettings, ReferenceConfig, RunConfig
+from rlserve.core.service_config import TrainingDeployment, WorkerDeployment
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import worker_kwargs as critic_worker_kwargs
 from rlserve.reference.config import ReferenceServiceConfig
@@ -31,6 +35,20 @@ CONDITIONAL = {
     "rollout": {"serve_reference"},
     "reward": {"num_replicas", "autoscaling_config"},
 }
+# Each worker service's settings: (the class its config subclasses, the run section).
+SETTINGS = {
+    "rollout": (ActorSettings, "actor"),
+    "critic": (CriticSettings, "critic"),
+    "reference": (ReferenceConfig, "reference"),
+}
+# What the trainer derives from elsewhere in the run (model, placement, other sections).
+DERIVED = {
+    "rollout": set(TrainingDeployment.model_fields)
+    | {"engine", "vllm", "seed", "temperature", "max_new_tokens_limit", "max_batch_samples",
+       "max_request_tokens", "torch_threads_per_worker", "serve_reference"},
+    "critic": set(TrainingDeployment.model_fields),
+    "reference": set(WorkerDeployment.model_fields) | {"temperature"},
+}  # fmt: skip
 EVERY_ROLE_PLACED = {
     "pools": {"gpu": {}},
     "roles": {role: {"pool": "gpu"} for role in ("rollout", "critic", "reference", "reward")},
@@ -46,6 +64,27 @@ def test_every_service_field_is_set_from_the_run_config(role):
     args = service_args(_config(), "/models/policy")[role]
     unreached = set(SERVICE_CONFIGS[role].model_fields) - set(args) - CONDITIONAL.get(role, set())
     assert not unreached, f"{role} settings no run-config field reaches: {sorted(unreached)}"
+
+
+@pytest.mark.parametrize("role", SETTINGS)
+def test_a_service_setting_is_a_run_config_field_that_reaches_it_unchanged(role):
+    """Adding a field to a service: in its settings class it is settable from the run
+    config and passed on; anywhere else in the service's config, this test names it."""
+    settings, section_name = SETTINGS[role]
+    service = SERVICE_CONFIGS[role]
+    assert issubclass(service, settings)
+    outside = set(service.model_fields) - set(settings.model_fields) - DERIVED[role]
+    assert not outside, (
+        f"{role} service fields neither in {settings.__name__} (the run's "
+        f"{section_name} section) nor derived by the trainer: {sorted(outside)}"
+    )
+    config = _config()
+    section = getattr(config, section_name)
+    assert isinstance(section, settings)
+    args = service_args(config, "/models/policy")[role]
+    derived_here = DERIVED[role] & set(settings.model_fields)  # e.g. limits from `rollout`
+    for name in set(settings.model_fields) - derived_here:
+        assert args[name] == getattr(section, name), name
 
 
 @pytest.mark.parametrize("role", SERVICE_CONFIGS)

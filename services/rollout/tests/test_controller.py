@@ -54,13 +54,9 @@ class Service:
     """A controller over one in-process worker, driven on one event loop."""
 
     def __init__(self, model_dir, **overrides):
-        config = RolloutServiceConfig(
-            model_path=str(model_dir),
-            ppo_mini_batch_samples=4,
-            micro_batch_samples=2,
-            lr=1e-2,
-            **overrides,
-        )
+        defaults = {"ppo_mini_batch_samples": 4, "micro_batch_samples": 2, "lr": 1e-2,
+                    "ppo_epochs": 1}  # fmt: skip
+        config = RolloutServiceConfig(model_path=str(model_dir), **{**defaults, **overrides})
         self.worker = ActorWorker(rank=0, world_size=1, **actor_worker_kwargs(config))
         self.worker.init_distributed("127.0.0.1", free_port())
         settings = controller_settings(config, **self.worker.model_limits())

@@ -35,6 +35,7 @@ COMMON = {
     "ppo_mini_batch_samples": 8,
     "micro_batch_samples": 2,
     "lr": 1e-2,
+    "ppo_epochs": 1,
     "max_batch_samples": 64,
     "max_new_tokens_limit": 32,
 }

@@ -46,13 +46,16 @@ __all__ = [
     "EMBEDDED_GRPO_CONFIG_PATH",
     "GROUP_ESTIMATORS",
     "ActorConfig",
+    "ActorSettings",
     "AdvEstimator",
     "AlgorithmConfig",
     "ArithmeticTaskConfig",
     "AutoscalingConfig",
     "CriticConfig",
     "CriticLossAggMode",
+    "CriticSettings",
     "DataConfig",
+    "Dtype",
     "HttpRewardConfig",
     "KlControlConfig",
     "KlKind",
@@ -69,6 +72,8 @@ __all__ = [
     "TinyModelConfig",
     "TracingConfig",
     "TrainerConfig",
+    "TrainingSettings",
+    "WorkerSettings",
     "data_format",
 ]
 
@@ -88,6 +93,7 @@ PolicyLossName = Literal[tuple(POLICY_LOSS_NOTES)]  # type: ignore[valid-type]
 KlKind = Literal[tuple(KL_KIND_NOTES)]  # type: ignore[valid-type]
 LossAggMode = Literal[tuple(LOSS_AGG_MODE_NOTES)]  # type: ignore[valid-type]
 SingletonGroups = Literal[SINGLETON_GROUP_CHOICES]  # type: ignore[valid-type]
+Dtype = Literal["float32", "bfloat16", "float16"]
 CriticLossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 """The modes the critic service implements (its loss units per micro-batch)."""
 
@@ -162,7 +168,7 @@ class ModelConfig(ConfigModel):
 
     path: str | None = None
     """Local Hugging Face model directory; None builds the embedded tiny model."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Dtype = "float32"
     """Dtype of weights and compute."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """The embedded tiny model; ignored when path is set."""
@@ -286,16 +292,55 @@ class RolloutConfig(ConfigModel):
 # --- actor and critic -------------------------------------------------------------------
 
 
-class ActorConfig(ConfigModel):
-    """Policy training (rollout.UpdateActor)."""
+class WorkerSettings(ConfigModel):
+    """What every service with a worker group (rollout's actor, critic, reference) lets a
+    run set about its workers."""
+
+    workers: int = Field(1, ge=1)
+    """Data-parallel workers (one Ray actor each; DeepSpeed ranks where the service
+    trains); a request's rows are split over them."""
+    device: DeviceSetting = "auto"
+    """Where each worker computes: 'cuda' (one GPU per worker bundle, NCCL between
+    ranks), 'cpu' (gloo), or 'auto' = CUDA when the worker sees a GPU."""
+    forward_max_tokens: int | None = Field(None, ge=1)
+    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
+    few long sequences make a small micro-batch; None = by sample count only."""
+
+
+class TrainingSettings(WorkerSettings):
+    """What the two services that train (rollout's actor, critic) share."""
+
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them (less memory for long
+    sequences, ≈ one more forward of compute)."""
+
+
+class RequestLimits(ConfigModel):
+    """A service's limits on one request (the rollout's are rollout.max_*)."""
+
+    max_batch_samples: int = Field(4096, ge=1)
+    """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED); must hold a
+    whole step's samples."""
+    max_request_tokens: int = Field(262_144, ge=1)
+    """Most token positions one request may carry: rows × input_ids columns (prompt +
+    response); larger requests get RESOURCE_EXHAUSTED naming this setting. Sized to a
+    worker's memory; must hold a whole step's."""
+
+
+class ActorSettings(TrainingSettings):
+    """The actor's training settings: every one reaches the rollout service's field of
+    the same name (RolloutServiceConfig subclasses this)."""
 
     lr: float = Field(2e-4, gt=0)
     """Learning rate of the actor's AdamW optimizer."""
     ppo_epochs: int = Field(2, ge=1)
     """Passes over each step's samples."""
-    ppo_mini_batch_prompts: int = Field(64, ge=1)
-    """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
-    trainer.prompts_per_step."""
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward/backward pass on one worker (per worker; gradients accumulate
     over micro-batches up to the mini-batch)."""
@@ -355,29 +400,12 @@ class ActorConfig(ConfigModel):
     kl_loss_kind: KlKind = Field("k3", json_schema_extra=_choices(KL_KIND_NOTES))
     """KL estimator of the KL loss term (a '+' variant: the estimator's value with k2's
     gradient)."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Clip the global gradient norm to this value."""
-    zero_stage: int = Field(0, ge=0, le=3)
-    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
-    workers: int = Field(1, ge=1)
-    """Data-parallel training workers (DeepSpeed ranks)."""
-    device: DeviceSetting = "auto"
-    """Where each actor worker trains and generates: 'cuda' (one GPU per worker bundle,
-    NCCL between ranks), 'cpu' (gloo), or 'auto' = CUDA when the worker sees a GPU."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
     logprob_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeLogProb on one worker (and of the reference
     when it is merged into the rollout)."""
-    forward_max_tokens: int | None = Field(None, ge=1)
-    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
-    few long sequences make a small micro-batch; None = by sample count only."""
     logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk when scoring and training: peak logits memory
     is ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward instead of keeping them (less memory for long
-    sequences, ≈ one more forward of compute)."""
     lora_rank: int = Field(0, ge=0)
     """Rank of LoRA adapters on the actor's linear layers (lora_target_modules); only the
     adapters train, generation gets merged weights, and the reference is the base with
@@ -394,7 +422,7 @@ class ActorConfig(ConfigModel):
     """Upper bound on one call from the rollout service to its workers, in seconds."""
 
     @model_validator(mode="after")
-    def _kl_loss_has_weight(self) -> ActorConfig:
+    def _kl_loss_has_weight(self) -> ActorSettings:
         if self.use_kl_loss and self.kl_loss_coef == 0:
             raise ConfigError(
                 "kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off"
@@ -418,75 +446,59 @@ class ActorConfig(ConfigModel):
         return self
 
 
-class CriticConfig(ConfigModel):
-    """Value-model training (critic.UpdateCritic); used only by the 'gae' estimator."""
+class ActorConfig(ActorSettings):
+    """Policy training (rollout.UpdateActor)."""
 
-    model_path: str | None = None
-    """Weights to start the critic from; None uses the policy's (model.path or the embedded
-    model), with a zero-initialised value head."""
+    ppo_mini_batch_prompts: int = Field(64, ge=1)
+    """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
+    trainer.prompts_per_step."""
+
+
+class CriticSettings(TrainingSettings, RequestLimits):
+    """The critic's settings: every one reaches the critic service's field of the same
+    name (CriticServiceConfig subclasses this)."""
+
     lr: float = Field(1e-3, gt=0)
     """Learning rate of the critic's AdamW optimizer."""
     ppo_epochs: int = Field(2, ge=1)
     """Passes over each step's samples."""
-    ppo_mini_batch_prompts: int = Field(64, ge=1)
-    """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
-    trainer.prompts_per_step."""
     micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward/backward pass on one worker (per worker)."""
+    """Samples per forward/backward pass on one worker (per worker; a larger value
+    trains a worker's whole share of a mini-batch at once)."""
     cliprange_value: float = Field(0.2, gt=0)
     """Value clip: new values stay within this distance of the old ones in the loss."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Clip the global gradient norm to this value."""
-    zero_stage: int = Field(0, ge=0, le=3)
-    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
-    workers: int = Field(1, ge=1)
-    """Data-parallel training workers (DeepSpeed ranks)."""
-    device: DeviceSetting = "auto"
-    """Where each critic worker computes: 'cuda', 'cpu' or 'auto' (as actor.device)."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
     forward_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeValues on one worker."""
-    forward_max_tokens: int | None = Field(None, ge=1)
-    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
-    few long sequences make a small micro-batch; None = by sample count only."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward instead of keeping them."""
     loss_agg_mode: CriticLossAggMode = Field(
         "token-mean",
         json_schema_extra=_choices(LOSS_AGG_MODE_NOTES, CriticLossAggMode.__args__),
     )
     """How token value losses become one number: mean over all tokens, or per-sequence
     sum/mean then mean over sequences."""
-    max_batch_samples: int = Field(4096, ge=1)
-    """Most rows one critic request may carry; must hold a whole step's samples."""
-    max_request_tokens: int = Field(262_144, ge=1)
-    """Most token positions (rows × (prompt + response) columns) one critic request may
-    carry; must hold a whole step's."""
 
 
-class ReferenceConfig(ConfigModel):
+class CriticConfig(CriticSettings):
+    """Value-model training (critic.UpdateCritic); used only by the 'gae' estimator."""
+
+    model_path: str | None = None
+    """Weights to start the critic from; None uses the policy's (model.path or the embedded
+    model), with a zero-initialised value head."""
+    ppo_mini_batch_prompts: int = Field(64, ge=1)
+    """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
+    trainer.prompts_per_step."""
+
+
+class ReferenceConfig(WorkerSettings, RequestLimits):
     """The frozen reference policy (reference.ComputeRefLogProb); used when the run has a
     KL penalty or KL loss. Merged into the rollout (placement.reference_in_rollout), it
-    runs inside the actor's workers with the actor's settings instead."""
+    runs inside the actor's workers with the actor's settings instead. Every field
+    reaches the reference service's field of the same name."""
 
-    workers: int = Field(1, ge=1)
-    """Data-parallel workers of the reference service."""
-    device: DeviceSetting = "auto"
-    """Where each reference worker computes: 'cuda', 'cpu' or 'auto' (as actor.device)."""
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass on one worker."""
-    forward_max_tokens: int | None = Field(None, ge=1)
-    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
-    few long sequences make a small micro-batch; None = by sample count only."""
     logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk (peak logits memory ≈ 3 × this × vocabulary
     floats)."""
-    max_batch_samples: int = Field(4096, ge=1)
-    """Most rows one reference request may carry; must hold a whole step's samples."""
-    max_request_tokens: int = Field(262_144, ge=1)
-    """Most token positions (rows × (prompt + response) columns) one reference request
-    may carry; must hold a whole step's."""
 
 
 # --- algorithm --------------------------------------------------------------------------

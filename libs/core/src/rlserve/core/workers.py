@@ -54,7 +54,7 @@ from rlserve.core.placement import (
     actor_resource_options,
     ensure_placement_group,
 )
-from rlserve.core.service_config import WorkerServiceConfig
+from rlserve.core.service_config import WorkerDeployment
 
 
 def distributed_address() -> tuple[str, int]:
@@ -263,7 +263,7 @@ class WorkerGroup:
 
     @classmethod
     def for_service(
-        cls, factory: WorkerFactory, config: WorkerServiceConfig, worker_kwargs: dict[str, Any]
+        cls, factory: WorkerFactory, config: WorkerDeployment, worker_kwargs: dict[str, Any]
     ) -> "WorkerGroup":
         """The workers a service's config describes: `config.workers` ranks, sized and
         placed by its num_cpus_per_worker, placement and device."""

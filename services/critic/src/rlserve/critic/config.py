@@ -9,38 +9,22 @@ micro-batches, so every rank runs the same number of backward passes per optimiz
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from rlserve.core.config import ConfigError
-from rlserve.core.run_config import CriticLossAggMode
-from rlserve.core.service_config import TrainingServiceConfig
+from rlserve.core.run_config import CriticSettings
+from rlserve.core.service_config import TrainingDeployment
 
 # A critic checkpoint directory: the value model (safetensors) and DeepSpeed's state.
 MODEL_DIR = "model"
 DEEPSPEED_DIR = "deepspeed"
 
 
-class CriticServiceConfig(TrainingServiceConfig):
-    """A value model (causal-LM backbone + scalar head) behind CriticService; the fields
-    every worker service shares are documented in rlserve.core.service_config."""
-
-    model_path: str
-    """Causal-LM directory (HF format) the backbone starts from; the value head starts at
-    zero, so every initial value is 0."""
-    lr: float = Field(1e-3, gt=0)
-    """Learning rate of AdamW."""
-    ppo_epochs: int = Field(2, ge=1)
-    """Passes over each UpdateCritic batch."""
-    micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward/backward pass on one worker; gradients accumulate over a
-    worker's share of the mini-batch (a larger value trains the whole share at once)."""
-    cliprange_value: float = Field(0.2, ge=0)
-    """Value clip ε: in the loss a new value moves at most ε from the request's old value."""
-    loss_agg_mode: CriticLossAggMode = "token-mean"
-    """How token losses become one number: mean over all tokens of a mini-batch, or
-    per-sequence sum/mean then mean over sequences."""
-    forward_micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward pass of ComputeValues on one worker."""
+class CriticServiceConfig(CriticSettings, TrainingDeployment):
+    """A value model (causal-LM backbone + scalar head, the head starting at zero, so
+    every initial value is 0) behind CriticService: the run config's critic settings
+    (rlserve.core.run_config.CriticSettings) plus where and on what it runs
+    (rlserve.core.service_config.TrainingDeployment)."""
 
     @model_validator(mode="after")
     def _batches_split_evenly(self) -> CriticServiceConfig:

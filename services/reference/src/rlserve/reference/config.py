@@ -2,18 +2,15 @@
 
 from pydantic import Field
 
-from rlserve.core.service_config import WorkerServiceConfig
+from rlserve.core.run_config import ReferenceConfig
+from rlserve.core.service_config import WorkerDeployment
 
 
-class ReferenceServiceConfig(WorkerServiceConfig):
-    """A frozen copy of the initial policy behind ReferenceService; the fields every
-    worker service shares are documented in rlserve.core.service_config."""
+class ReferenceServiceConfig(ReferenceConfig, WorkerDeployment):
+    """A frozen copy of the initial policy behind ReferenceService: the run config's
+    reference settings (rlserve.core.run_config.ReferenceConfig) plus where and on what
+    it runs (rlserve.core.service_config.WorkerDeployment)."""
 
-    logits_chunk_tokens: int = Field(256, ge=1)
-    """Response tokens per LM-head chunk: peak logits memory is ≈ 3 × this × vocabulary
-    floats, whatever the batch and sequence length."""
-    micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward pass on one worker."""
     temperature: float = Field(1.0, gt=0)
     """Logits are divided by it before the log-softmax, for batches whose meta carries no
     'temperature' (the rollout stamps its sampling temperature there, and that one wins);

@@ -11,6 +11,7 @@ from typing import Any
 
 from ray.serve.schema import ServeDeploySchema
 
+from rlserve.core.config import ConfigModel
 from rlserve.core.placement import (
     PlacementError,
     WorkerPlacementConfig,
@@ -20,7 +21,7 @@ from rlserve.core.placement import (
     nodes_matching,
     serve_replicas,
 )
-from rlserve.core.run_config import RunConfig
+from rlserve.core.run_config import ActorSettings, CriticSettings, ReferenceConfig, RunConfig
 from rlserve.trainer.checkpoint import services_checkpoint_root
 
 
@@ -36,60 +37,36 @@ IMPORT_PATHS = {
 }
 
 
+def settings_of(section: ConfigModel, settings: type[ConfigModel]) -> dict[str, Any]:
+    """The fields of a run-config section that are the service's settings (the section
+    subclasses `settings`; the service's config does too), by name and unchanged."""
+    return section.model_dump(include=set(settings.model_fields))
+
+
 def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]:
-    """Args of each service's build_app for this run; only the services it uses."""
+    """Args of each service's build_app for this run; only the services it uses.
+
+    Each worker service gets its run section's settings whole (settings_of), plus what
+    the run decides elsewhere: the model, dtype, mini-batch in samples, checkpoint root,
+    placement and tracing; the rollout also its generation limits from `rollout`."""
     n = config.rollout.responses_per_prompt
-    actor, critic = config.actor, config.critic
-    seed = config.trainer.seed
+    deployed = {"model_path": model_dir, "dtype": config.model.dtype}
+    checkpoint_root = services_checkpoint_root(config.trainer.run_dir)
+    # Batches from GenerateSequences carry their temperature; this is the fallback.
+    temperature = config.rollout.temperature or 1.0
     apps: dict[str, dict[str, Any]] = {
         "rollout": {
-            "model_path": model_dir,
-            "dtype": config.model.dtype,
+            **settings_of(config.actor, ActorSettings),
+            **deployed,
             "engine": config.rollout.engine,
-            "workers": actor.workers,
-            "seed": seed,
-            "zero_stage": actor.zero_stage,
-            "lr": actor.lr,
-            "grad_clip": actor.grad_clip,
-            "ppo_epochs": actor.ppo_epochs,
-            "ppo_mini_batch_samples": actor.ppo_mini_batch_prompts * n,
-            "micro_batch_samples": actor.micro_batch_samples,
-            "clip_ratio_low": actor.clip_ratio_low,
-            "clip_ratio_high": actor.clip_ratio_high,
-            "clip_ratio_dual": actor.clip_ratio_dual,
-            "policy_loss": actor.policy_loss,
-            "loss_agg_mode": actor.loss_agg_mode,
-            "loss_normalizer": actor.loss_normalizer,
-            "clip_cov_fraction": actor.clip_cov_fraction,
-            "clip_cov_low": actor.clip_cov_low,
-            "clip_cov_high": actor.clip_cov_high,
-            "kl_cov_fraction": actor.kl_cov_fraction,
-            "kl_cov_coef": actor.kl_cov_coef,
-            "sapo_tau_pos": actor.sapo_tau_pos,
-            "sapo_tau_neg": actor.sapo_tau_neg,
-            "dppo_max_ratio": actor.dppo_max_ratio,
-            "entropy_coef": actor.entropy_coef,
-            "use_kl_loss": actor.use_kl_loss,
-            "kl_loss_coef": actor.kl_loss_coef,
-            "kl_loss_kind": actor.kl_loss_kind,
-            "device": actor.device,
-            "weight_decay": actor.weight_decay,
-            "logprob_micro_batch_samples": actor.logprob_micro_batch_samples,
-            "forward_max_tokens": actor.forward_max_tokens,
-            "logits_chunk_tokens": actor.logits_chunk_tokens,
-            "gradient_checkpointing": actor.gradient_checkpointing,
-            "lora_rank": actor.lora_rank,
-            "lora_alpha": actor.lora_alpha,
-            "lora_target_modules": actor.lora_target_modules,
+            "seed": config.trainer.seed,
+            "ppo_mini_batch_samples": config.actor.ppo_mini_batch_prompts * n,
             # The service's own cap must admit the run's responses.
             "max_new_tokens_limit": max(1024, config.rollout.max_new_tokens),
             "max_batch_samples": config.rollout.max_batch_samples,
             "max_request_tokens": config.rollout.max_request_tokens,
-            "kept_update_results": actor.kept_update_results,
-            "worker_call_timeout_s": actor.worker_call_timeout_s,
-            "checkpoint_root": services_checkpoint_root(config.trainer.run_dir),
-            # Batches from GenerateSequences carry their temperature; this is the fallback.
-            "temperature": config.rollout.temperature or 1.0,
+            "checkpoint_root": checkpoint_root,
+            "temperature": temperature,
             # The same model on both sides: every field reaches the service as it is.
             "vllm": config.rollout.vllm.model_dump(),
         },
@@ -98,40 +75,18 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
     if config.needs_reference and config.placement.reference_in_rollout:
         apps["rollout"]["serve_reference"] = True
     elif config.needs_reference:
-        reference = config.reference
         apps["reference"] = {
-            "model_path": model_dir,
-            "dtype": config.model.dtype,
-            "temperature": config.rollout.temperature or 1.0,
-            "workers": reference.workers,
-            "device": reference.device,
-            "micro_batch_samples": reference.micro_batch_samples,
-            "forward_max_tokens": reference.forward_max_tokens,
-            "logits_chunk_tokens": reference.logits_chunk_tokens,
-            "max_batch_samples": reference.max_batch_samples,
-            "max_request_tokens": reference.max_request_tokens,
+            **settings_of(config.reference, ReferenceConfig),
+            **deployed,
+            "temperature": temperature,
         }
     if config.needs_critic:
         apps["critic"] = {
+            **settings_of(config.critic, CriticSettings),
+            **deployed,
             "model_path": critic_model_path(config, model_dir),
-            "dtype": config.model.dtype,
-            "workers": critic.workers,
-            "zero_stage": critic.zero_stage,
-            "lr": critic.lr,
-            "grad_clip": critic.grad_clip,
-            "ppo_epochs": critic.ppo_epochs,
-            "ppo_mini_batch_samples": critic.ppo_mini_batch_prompts * n,
-            "micro_batch_samples": critic.micro_batch_samples,
-            "cliprange_value": critic.cliprange_value,
-            "device": critic.device,
-            "weight_decay": critic.weight_decay,
-            "forward_micro_batch_samples": critic.forward_micro_batch_samples,
-            "forward_max_tokens": critic.forward_max_tokens,
-            "gradient_checkpointing": critic.gradient_checkpointing,
-            "loss_agg_mode": critic.loss_agg_mode,
-            "max_batch_samples": critic.max_batch_samples,
-            "max_request_tokens": critic.max_request_tokens,
-            "checkpoint_root": services_checkpoint_root(config.trainer.run_dir),
+            "ppo_mini_batch_samples": config.critic.ppo_mini_batch_prompts * n,
+            "checkpoint_root": checkpoint_root,
         }
     for role, placement in worker_placements(config, apps).items():
         apps[role]["placement"] = placement
