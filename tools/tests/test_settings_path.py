@@ -114,10 +114,10 @@ def test_forward_and_memory_knobs_reach_the_workers():
     assert actor["logprob_micro_batch_samples"] == 7
     assert actor["logits_chunk_tokens"] == 96
     assert actor["gradient_checkpointing"] is True
-    assert actor["device"] == "cpu"
+    assert actor["setup"].device == "cpu"
     assert actor["optimizer"].weight_decay == 0.01
     critic = critic_worker_kwargs(validate_config(CriticServiceConfig, apps["critic"]))
-    assert (critic["forward_micro_batch_samples"], critic["device"]) == (5, "cpu")
+    assert (critic["forward_micro_batch_samples"], critic["setup"].device) == (5, "cpu")
     assert critic["loss_agg_mode"] == "seq-mean-token-sum"
     reference = reference_worker_kwargs(validate_config(ReferenceServiceConfig, apps["reference"]))
     assert (reference["micro_batch_samples"], reference["logits_chunk_tokens"]) == (3, 32)

@@ -7,6 +7,7 @@ import torch
 
 from rlserve.core.cluster import free_port
 from rlserve.core.ppo_math import value_loss
+from rlserve.core.rank_worker import RankSetup
 from rlserve.critic.model import load_value_model, response_values
 from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units
 from rlserve.critic.worker import CriticWorker
@@ -16,9 +17,7 @@ SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
 def make_worker(model_dir, **overrides):
     kwargs = {
-        "model_path": str(model_dir),
-        "dtype": "float32",
-        "num_threads": 1,
+        "setup": RankSetup(str(model_dir)),
         "zero_stage": 0,
         "lr": 1e-2,
         "weight_decay": 0.0,

@@ -9,6 +9,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.modeling import load_causal_lm
+from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import Deadline, RpcError
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.controller import ReferenceController, worker_kwargs
@@ -19,9 +20,7 @@ def make_worker(model_dir, micro_batch_samples=3):
     return ReferenceWorker(
         rank=0,
         world_size=1,
-        model_path=str(model_dir),
-        dtype="float32",
-        num_threads=1,
+        setup=RankSetup(str(model_dir)),
         micro_batch_samples=micro_batch_samples,
     )
 

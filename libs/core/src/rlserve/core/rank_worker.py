@@ -1,29 +1,64 @@
 """What every worker rank of a service answers besides its own work.
 
 A service's worker class (ActorWorker, CriticWorker, ReferenceWorker) subclasses
-`RankWorker` and sets `rank`, `world_size` and `device` in its constructor; WorkerGroup
-calls `node_address` on rank 0 and `init_distributed` on every rank, and the service's
-controller asks `info` once for GetInfo. `TrainingRankWorker` adds the checkpoint check
-the two training services share.
+`RankWorker`, whose constructor takes the rank, the world size and a `RankSetup` (the
+model, where it computes, its threads: `RankSetup.of(service config)`) before the
+worker's own plain arguments. WorkerGroup calls `node_address` on rank 0 and
+`init_distributed` on every rank, and the service's controller asks `info` once for
+GetInfo. `TrainingRankWorker` adds the checkpoint check the two training services share.
 """
+
+from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlserve.core.devices import resolve_device
+from rlserve.core.service_config import WorkerDeployment
 from rlserve.core.training import check_training_checkpoint
 from rlserve.core.workers import distributed_address, init_process_group
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What every rank starts from, whichever service it serves."""
+
+    model_path: str
+    """Hugging Face model directory the rank loads."""
+    dtype: str = "float32"
+    device: str = "auto"
+    """'cuda', 'cpu' or 'auto' (rlserve.core.devices.resolve_device)."""
+    num_threads: int = 1
+    """torch intra-op threads of the rank's process."""
+    forward_max_tokens: int | None = None
+    """Most tokens per forward micro-batch; None = by sample count only."""
+
+    @classmethod
+    def of(cls, config: WorkerDeployment, num_threads: int | None = None) -> RankSetup:
+        """A service config's: threads follow the worker's CPUs unless given."""
+        return cls(
+            model_path=config.model_path,
+            dtype=config.dtype,
+            device=config.device,
+            num_threads=num_threads or max(1, int(config.num_cpus_per_worker)),
+            forward_max_tokens=config.forward_max_tokens,
+        )
 
 
 class RankWorker:
     """One rank of a service's worker group."""
 
-    rank: int
-    world_size: int
-    device: torch.device
+    def __init__(self, rank: int, world_size: int, setup: RankSetup):
+        torch.set_num_threads(setup.num_threads)
+        self.rank, self.world_size = rank, world_size
+        self.model_path, self.dtype = setup.model_path, setup.dtype
+        self.device = resolve_device(setup.device)
+        self.forward_max_tokens = setup.forward_max_tokens
 
     def node_address(self) -> tuple[str, int]:
         return distributed_address()

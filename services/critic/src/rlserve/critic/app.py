@@ -1,15 +1,8 @@
-"""Serve app builder of the critic service (import_path `rlserve.critic.app:build_app`).
+"""Serve app builder of the critic service (`import_path: rlserve.critic.app:build_app`).
 
-A Serve config file reaches it as
-
-    applications:
-      - name: critic
-        route_prefix: /critic
-        import_path: rlserve.critic.app:build_app
-        args: {model_path: /models/policy, workers: 2, zero_stage: 1}
-
-`args` is validated into CriticServiceConfig before any deployment starts, so a typo or a
-bad value fails with a ConfigError naming the field.
+deploy/serve/critic.yaml deploys it on its own (`serve deploy`), deploy/serve/all.yaml
+beside the other services; `args` are the fields of CriticServiceConfig, validated before any
+deployment starts, so a typo or a bad value fails with a ConfigError naming the field.
 """
 
 from typing import Any

@@ -48,6 +48,7 @@ from rlserve.core.checkpoint_paths import (
     save_failed,
 )
 from rlserve.core.exclusive import ExclusiveAccess
+from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import (
     Deadline,
     failed_precondition,
@@ -55,7 +56,7 @@ from rlserve.core.serving import (
 )
 from rlserve.core.steps import StepLedger
 from rlserve.core.training import DS_CHECKPOINT_TAG, UnsafeCheckpointError, minibatch_indices
-from rlserve.core.validation import require_sequences
+from rlserve.core.worker_controller import WorkerController
 from rlserve.critic.config import DEEPSPEED_DIR, CriticServiceConfig
 from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units, update_batch
 
@@ -69,9 +70,7 @@ NO_DEADLINE = Deadline()
 def worker_kwargs(config: CriticServiceConfig) -> dict[str, Any]:
     """CriticWorker's constructor arguments (besides rank, world_size) from the config."""
     return {
-        "model_path": config.model_path,
-        "dtype": config.dtype,
-        "num_threads": max(1, int(config.num_cpus_per_worker)),
+        "setup": RankSetup.of(config),
         "zero_stage": config.zero_stage,
         "lr": config.lr,
         "weight_decay": config.weight_decay,
@@ -81,23 +80,20 @@ def worker_kwargs(config: CriticServiceConfig) -> dict[str, Any]:
         "loss_agg_mode": config.loss_agg_mode,
         "grad_clip": config.grad_clip,
         "forward_micro_batch_samples": config.forward_micro_batch_samples,
-        "forward_max_tokens": config.forward_max_tokens,
-        "device": config.device,
         "gradient_checkpointing": config.gradient_checkpointing,
     }
 
 
-class CriticController:
+class CriticController(WorkerController):
     """State (version, applied steps) and dispatch of one critic service."""
 
     def __init__(self, config: CriticServiceConfig, group: Any):
+        super().__init__(group, config.max_batch_samples, config.max_request_tokens)
         self.config = config
-        self.group = group
         self.weights_version = 0
         # step -> (metrics, weights_version after it), the latest REPLAY_HISTORY_STEPS
         self.steps: StepLedger[tuple[dict[str, float], int]] = StepLedger(REPLAY_HISTORY_STEPS)
         self.access = ExclusiveAccess("critic")
-        self._worker_infos: list[dict[str, Any]] | None = None
 
     @property
     def last_applied_step(self) -> int:
@@ -105,13 +101,7 @@ class CriticController:
 
     def health_problems(self) -> list[str]:
         """Why this service cannot serve: dead workers, weights left inconsistent."""
-        return self.group.dead_workers() + self.access.problems()
-
-    async def worker_infos(self) -> list[dict[str, Any]]:
-        """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
-        if self._worker_infos is None:
-            self._worker_infos = await self.group.run_all("info")
-        return self._worker_infos
+        return super().health_problems() + self.access.problems()
 
     # ---- ComputeValues ------------------------------------------------------------------
 
@@ -120,13 +110,7 @@ class CriticController:
     ) -> tuple[Batch, dict[str, float]]:
         """values [N, R] (meta.weights_version = the version used) and timing metrics."""
         deadline.check("ComputeValues")
-        vocab_size = (await self.worker_infos())[0]["vocab_size"]
-        clean = require_sequences(
-            batch,
-            vocab_size,
-            self.config.max_batch_samples,
-            max_tokens=self.config.max_request_tokens,
-        )
+        clean = await self.checked_sequences(batch)
 
         async def work() -> tuple[Batch, dict[str, float]]:
             self.access.check_usable()
@@ -150,7 +134,7 @@ class CriticController:
         if step < 0:
             raise invalid_argument("step", f"must be >= 0, got {step}")
         deadline.check("UpdateCritic")
-        vocab_size = (await self.worker_infos())[0]["vocab_size"]
+        vocab_size = await self.vocab_size()
 
         async def work() -> tuple[dict[str, float], int, bool]:
             stored = self.steps.replay_or_require_next(step)

@@ -24,9 +24,8 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.devices import resolve_device
 from rlserve.core.ppo_math import value_loss
-from rlserve.core.rank_worker import TrainingRankWorker
+from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.serving import until_deadline
 from rlserve.core.training import (
@@ -48,9 +47,7 @@ class CriticWorker(TrainingRankWorker):
         self,
         rank: int,
         world_size: int,
-        model_path: str,
-        dtype: str,
-        num_threads: int,
+        setup: RankSetup,
         zero_stage: int,
         lr: float,
         weight_decay: float,
@@ -60,15 +57,9 @@ class CriticWorker(TrainingRankWorker):
         loss_agg_mode: str,
         grad_clip: float,
         forward_micro_batch_samples: int,
-        device: str = "auto",
         gradient_checkpointing: bool = False,
-        forward_max_tokens: int | None = None,
     ):
-        torch.set_num_threads(num_threads)
-        self.device = resolve_device(device)
-        self.rank = rank
-        self.world_size = world_size
-        self.dtype = dtype
+        super().__init__(rank, world_size, setup)
         self.zero_stage = zero_stage
         self.lr = lr
         self.weight_decay = weight_decay
@@ -78,8 +69,7 @@ class CriticWorker(TrainingRankWorker):
         self.loss_agg_mode = loss_agg_mode
         self.grad_clip = grad_clip
         self.forward_micro_batch_samples = forward_micro_batch_samples
-        self.forward_max_tokens = forward_max_tokens
-        self.model = load_value_model(model_path, dtype).to(self.device)
+        self.model = load_value_model(setup.model_path, setup.dtype).to(self.device)
         if gradient_checkpointing:
             self.model.backbone.gradient_checkpointing_enable({"use_reentrant": False})
         self.engine: Any = None

@@ -1,15 +1,8 @@
-"""Serve app builder of the reference service (`rlserve.reference.app:build_app`).
+"""Serve app builder of the reference service (`import_path: rlserve.reference.app:build_app`).
 
-A Serve config file reaches it as
-
-    applications:
-      - name: reference
-        route_prefix: /reference
-        import_path: rlserve.reference.app:build_app
-        args: {model_path: /models/policy, workers: 2, temperature: 1.0}
-
-`args` is validated into ReferenceServiceConfig before any deployment starts, so a typo
-or a bad value fails with a ConfigError naming the field.
+deploy/serve/reference.yaml deploys it on its own (`serve deploy`), deploy/serve/all.yaml
+beside the other services; `args` are the fields of ReferenceServiceConfig, validated before any
+deployment starts, so a typo or a bad value fails with a ConfigError naming the field.
 """
 
 from typing import Any

@@ -24,8 +24,10 @@ import time
 from typing import Any
 
 from rlserve.core.batch import Batch
+from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import Deadline, deadline_exceeded
-from rlserve.core.validation import require_sequences, scoring_temperature
+from rlserve.core.validation import scoring_temperature
+from rlserve.core.worker_controller import WorkerController
 from rlserve.reference.config import ReferenceServiceConfig
 
 NO_DEADLINE = Deadline()
@@ -34,45 +36,25 @@ NO_DEADLINE = Deadline()
 def worker_kwargs(config: ReferenceServiceConfig) -> dict[str, Any]:
     """ReferenceWorker's constructor arguments (besides rank, world_size)."""
     return {
-        "model_path": config.model_path,
-        "dtype": config.dtype,
-        "num_threads": max(1, int(config.num_cpus_per_worker)),
+        "setup": RankSetup.of(config),
         "micro_batch_samples": config.micro_batch_samples,
-        "device": config.device,
         "logits_chunk_tokens": config.logits_chunk_tokens,
-        "forward_max_tokens": config.forward_max_tokens,
     }
 
 
-class ReferenceController:
+class ReferenceController(WorkerController):
     """Dispatch of one reference service."""
 
     def __init__(self, config: ReferenceServiceConfig, group: Any):
+        super().__init__(group, config.max_batch_samples, config.max_request_tokens)
         self.config = config
-        self.group = group
-        self._worker_infos: list[dict[str, Any]] | None = None
-
-    def health_problems(self) -> list[str]:
-        return self.group.dead_workers()
-
-    async def worker_infos(self) -> list[dict[str, Any]]:
-        """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
-        if self._worker_infos is None:
-            self._worker_infos = await self.group.run_all("info")
-        return self._worker_infos
 
     async def compute_ref_log_prob(
         self, batch: Batch, deadline: Deadline = NO_DEADLINE
     ) -> tuple[Batch, dict[str, float]]:
         """ref_log_probs [N, R] and timing metrics."""
         deadline.check("ComputeRefLogProb")
-        vocab_size = (await self.worker_infos())[0]["vocab_size"]
-        clean = require_sequences(
-            batch,
-            vocab_size,
-            self.config.max_batch_samples,
-            max_tokens=self.config.max_request_tokens,
-        )
+        clean = await self.checked_sequences(batch)
         temperature = scoring_temperature(batch, self.config.temperature)
         remaining = deadline.remaining_s()
         start = time.perf_counter()

@@ -17,9 +17,8 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.devices import resolve_device
 from rlserve.core.modeling import load_causal_lm
-from rlserve.core.rank_worker import RankWorker
+from rlserve.core.rank_worker import RankSetup, RankWorker
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
     forward_micro_batches,
@@ -35,22 +34,14 @@ class ReferenceWorker(RankWorker):
         self,
         rank: int,
         world_size: int,
-        model_path: str,
-        dtype: str,
-        num_threads: int,
+        setup: RankSetup,
         micro_batch_samples: int,
-        device: str = "auto",
         logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-        forward_max_tokens: int | None = None,
     ):
-        torch.set_num_threads(num_threads)
-        self.rank = rank
-        self.world_size = world_size
+        super().__init__(rank, world_size, setup)
         self.micro_batch_samples = micro_batch_samples
         self.logits_chunk_tokens = logits_chunk_tokens
-        self.forward_max_tokens = forward_max_tokens
-        self.device = resolve_device(device)
-        self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
+        self.model = load_causal_lm(setup.model_path, setup.dtype).to(self.device).eval()
         self.model.requires_grad_(False)
 
     def info(self) -> dict[str, Any]:

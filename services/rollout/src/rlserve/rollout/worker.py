@@ -40,7 +40,6 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.devices import resolve_device
 from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, save_adapter
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
 from rlserve.core.ppo_math import (
@@ -49,7 +48,7 @@ from rlserve.core.ppo_math import (
     kl_loss,
     mini_batch_loss_scale,
 )
-from rlserve.core.rank_worker import TrainingRankWorker
+from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
     forward_micro_batches,
@@ -148,14 +147,10 @@ class PolicyLossSettings:
 def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
     """ActorWorker's constructor arguments (beyond rank and world_size) from the config."""
     return {
-        "model_path": config.model_path,
-        "dtype": config.dtype,
+        "setup": RankSetup.of(config, num_threads=config.torch_threads_per_worker),
         "engine": config.engine,
         "seed": config.seed,
-        "torch_threads": config.torch_threads_per_worker,
         "logprob_micro_batch_samples": config.logprob_micro_batch_samples,
-        "forward_max_tokens": config.forward_max_tokens,
-        "device": config.device,
         "logits_chunk_tokens": config.logits_chunk_tokens,
         "gradient_checkpointing": config.gradient_checkpointing,
         "lora": (
@@ -214,35 +209,27 @@ class ActorWorker(TrainingRankWorker):
         self,
         rank: int,
         world_size: int,
-        model_path: str,
-        dtype: str,
+        setup: RankSetup,
         engine: str,
         seed: int,
-        torch_threads: int,
         logprob_micro_batch_samples: int,
         optimizer: OptimizerSettings,
         loss: PolicyLossSettings,
         serve_reference: bool = False,
-        device: str = "auto",
         logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         gradient_checkpointing: bool = False,
         lora: LoraSettings | None = None,
         vllm: dict[str, Any] | None = None,
-        forward_max_tokens: int | None = None,
     ):
-        torch.set_num_threads(torch_threads)
+        super().__init__(rank, world_size, setup)
         self.lora = lora
         self.vllm = vllm
-        self.rank, self.world_size = rank, world_size
-        self.model_path, self.dtype = model_path, dtype
-        self.device = resolve_device(device)
         self.logprob_micro_batch_samples = logprob_micro_batch_samples
-        self.forward_max_tokens = forward_max_tokens
         self.logits_chunk_tokens = logits_chunk_tokens
         self.gradient_checkpointing = gradient_checkpointing
         self.optimizer_settings, self.loss = optimizer, loss
         self.engine_name, self.seed = engine, seed
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = load_tokenizer(setup.model_path)
         self.pad_token_id: int = self.tokenizer.pad_token_id
         # Both built in init_distributed: DeepSpeed needs the process group, and vLLM
         # would otherwise create a world-size-1 default group of its own.

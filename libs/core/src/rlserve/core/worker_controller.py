@@ -1,0 +1,45 @@
+"""What every worker service's controller asks of its worker group.
+
+The critic's and the reference's controllers subclass `WorkerController`: the ranks'
+facts for GetInfo (asked once: workers never move, and asking again would queue behind
+a long update), the health check's dead workers, and the sequence checks every request
+gets against the model's vocabulary and the service's request limits.
+"""
+
+from typing import Any
+
+from rlserve.core.batch import Batch
+from rlserve.core.validation import require_sequences
+
+
+class WorkerController:
+    """A service controller over `group` (WorkerGroup's async interface)."""
+
+    def __init__(self, group: Any, max_batch_samples: int, max_request_tokens: int):
+        self.group = group
+        self.max_batch_samples = max_batch_samples
+        self.max_request_tokens = max_request_tokens
+        self._worker_infos: list[dict[str, Any]] | None = None
+
+    def health_problems(self) -> list[str]:
+        """Why this service cannot serve (a subclass adds its own state's problems)."""
+        return self.group.dead_workers()
+
+    async def worker_infos(self) -> list[dict[str, Any]]:
+        """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
+        if self._worker_infos is None:
+            self._worker_infos = await self.group.run_all("info")
+        return self._worker_infos
+
+    async def vocab_size(self) -> int:
+        return (await self.worker_infos())[0]["vocab_size"]
+
+    async def checked_sequences(self, batch: Batch) -> Batch:
+        """The request's sequence tensors, checked (rlserve.core.validation
+        .require_sequences) against the vocabulary and this service's limits."""
+        return require_sequences(
+            batch,
+            await self.vocab_size(),
+            self.max_batch_samples,
+            max_tokens=self.max_request_tokens,
+        )
