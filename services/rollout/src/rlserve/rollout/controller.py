@@ -221,19 +221,19 @@ class RolloutController:
             {**prompts.non_tensors, "uid": list(range(len(prompts)))},
         )
 
-        async def generate() -> tuple[Batch, int]:
+        async def generate() -> tuple[Batch, int, float]:
             self.access.check_usable()
             self._check_expected_version(expected_weights_version)
             deadline.check("GenerateSequences")
-            return await self.workers.run_split(
+            start = time.perf_counter()  # once the lock is held: the workers' time only
+            result = await self.workers.run_split(
                 "generate", work, sampling=sampling, deadline=deadline.unix_s
-            ), self.weights_version
+            )
+            return result, self.weights_version, time.perf_counter() - start
 
-        start = time.perf_counter()
-        result, version = await self.access.run(
+        result, version, elapsed_s = await self.access.run(
             "GenerateSequences", generate, deadline, atomic=False
         )
-        elapsed_s = time.perf_counter() - start
         temperature = sampling.temperature if sampling.temperature > 0 else 1.0
         meta = {**prompts.meta, "weights_version": version, TEMPERATURE_META_KEY: temperature}
         batch = Batch(result.tensors, result.non_tensors, meta)
@@ -261,22 +261,24 @@ class RolloutController:
         temperature = scoring_temperature(batch, settings.temperature)
         work = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[], meta_keys=[])
 
-        async def score() -> tuple[Batch, int]:
+        async def score() -> tuple[Batch, int, float]:
             self.access.check_usable()
             self._check_expected_version(expected_weights_version)
             deadline.check("ComputeLogProb")
-            return await self.workers.run_split(
+            start = time.perf_counter()  # once the lock is held: the workers' time only
+            result = await self.workers.run_split(
                 "compute_log_prob",
                 work,
                 temperature=temperature,
                 return_entropy=return_entropy,
                 return_sum_pi_squared=return_sum_pi_squared,
                 deadline=deadline.unix_s,
-            ), self.weights_version
+            )
+            return result, self.weights_version, time.perf_counter() - start
 
-        start = time.perf_counter()
-        result, version = await self.access.run("ComputeLogProb", score, deadline, atomic=False)
-        elapsed_s = time.perf_counter() - start
+        result, version, elapsed_s = await self.access.run(
+            "ComputeLogProb", score, deadline, atomic=False
+        )
         tokens = float(batch["response_mask"].sum())
         metrics = {
             "forward_s": elapsed_s,
