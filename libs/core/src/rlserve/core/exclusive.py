@@ -27,6 +27,8 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import grpc
+
 from rlserve.core.serving import Deadline, RpcError, deadline_exceeded, failed_precondition
 
 T = TypeVar("T")
@@ -116,7 +118,7 @@ class ExclusiveAccess:
                         return await work()
                 except TimeoutError:
                     raise RpcError(
-                        deadline_exceeded(stage).code,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
                         f"{stage}: the workers did not answer within {self.call_timeout_s:g} s",
                     ) from None
 

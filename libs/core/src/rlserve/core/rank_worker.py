@@ -20,7 +20,7 @@ import torch
 
 from rlserve.core.devices import resolve_device
 from rlserve.core.service_config import WorkerDeployment
-from rlserve.core.training import check_training_checkpoint
+from rlserve.core.training import DEEPSPEED_SUBDIR, check_training_checkpoint
 from rlserve.core.workers import distributed_address, init_process_group
 
 
@@ -69,26 +69,23 @@ class RankWorker:
 
     def info(self) -> dict[str, Any]:
         """rank, node_id, hostname, pid: where this rank runs, for GetInfo."""
-        try:
-            import ray
+        import ray
 
-            node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        except Exception:  # in-process, without Ray
-            node_id = ""
-        return {"rank": self.rank, "node_id": node_id, "hostname": socket.gethostname(),
-                "pid": os.getpid()}  # fmt: skip
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return {
+            "rank": self.rank,
+            "node_id": node_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
 
 
 class TrainingRankWorker(RankWorker):
     """A rank that trains with DeepSpeed and keeps its engine's state under
-    `<checkpoint>/<DEEPSPEED_SUBDIR>`."""
-
-    DEEPSPEED_SUBDIR = "deepspeed"
+    `<checkpoint>/<training.DEEPSPEED_SUBDIR>`."""
 
     def check_checkpoint(self, directory: str, client_keys: list[str]) -> dict[str, Any]:
         """Reads this rank's state files weights-only, changing nothing (raises
         FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint.
         Returns the saved client_state's entries named `client_keys`."""
-        return check_training_checkpoint(
-            Path(directory) / self.DEEPSPEED_SUBDIR, self.rank, client_keys
-        )
+        return check_training_checkpoint(Path(directory) / DEEPSPEED_SUBDIR, self.rank, client_keys)

@@ -30,6 +30,8 @@ import torch
 
 # Not "latest": DeepSpeed writes a file of that name holding the newest tag.
 DS_CHECKPOINT_TAG = "state"
+DEEPSPEED_SUBDIR = "deepspeed"
+"""Where a service checkpoint keeps DeepSpeed's state (beside its HF-format model)."""
 
 
 def deepspeed_config(

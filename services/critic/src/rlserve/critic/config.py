@@ -15,9 +15,9 @@ from rlserve.core.config import ConfigError
 from rlserve.core.run_config import CriticSettings
 from rlserve.core.service_config import TrainingDeployment
 
-# A critic checkpoint directory: the value model (safetensors) and DeepSpeed's state.
+# A critic checkpoint directory: the value model (safetensors) here, DeepSpeed's state
+# in rlserve.core.training.DEEPSPEED_SUBDIR.
 MODEL_DIR = "model"
-DEEPSPEED_DIR = "deepspeed"
 
 
 class CriticServiceConfig(CriticSettings, TrainingDeployment):

@@ -35,7 +35,7 @@ Choices:
 """
 
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -55,12 +55,15 @@ from rlserve.core.serving import (
     invalid_argument,
 )
 from rlserve.core.steps import StepLedger
-from rlserve.core.training import DS_CHECKPOINT_TAG, UnsafeCheckpointError, minibatch_indices
+from rlserve.core.training import (
+    DEEPSPEED_SUBDIR,
+    DS_CHECKPOINT_TAG,
+    UnsafeCheckpointError,
+    minibatch_indices,
+)
 from rlserve.core.worker_controller import WorkerController
-from rlserve.critic.config import DEEPSPEED_DIR, CriticServiceConfig
+from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units, update_batch
-
-T = TypeVar("T")
 
 # Results of this many most recent applied steps stay replayable (and go into checkpoints).
 REPLAY_HISTORY_STEPS = 64
@@ -242,7 +245,7 @@ class CriticController(WorkerController):
         the critic keeps its weights."""
         directory = checkpoint_path(self.config.checkpoint_root, path)
         require_load_dir(directory, "critic checkpoint")
-        if not (directory / DEEPSPEED_DIR / DS_CHECKPOINT_TAG).is_dir():
+        if not (directory / DEEPSPEED_SUBDIR / DS_CHECKPOINT_TAG).is_dir():
             raise failed_precondition(
                 f"location.path: no critic checkpoint at {directory} (SaveCheckpoint writes one)"
             )

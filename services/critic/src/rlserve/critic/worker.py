@@ -29,13 +29,14 @@ from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.serving import until_deadline
 from rlserve.core.training import (
+    DEEPSPEED_SUBDIR,
     build_training_engine,
     full_state_dict,
     grad_norm,
     load_training_checkpoint,
     save_training_checkpoint,
 )
-from rlserve.critic.config import DEEPSPEED_DIR, MODEL_DIR
+from rlserve.critic.config import MODEL_DIR
 from rlserve.critic.model import load_value_model, response_values, save_value_model
 from rlserve.critic.requests import RankUpdate, loss_units
 
@@ -190,8 +191,8 @@ class CriticWorker(TrainingRankWorker):
         state_dict = full_state_dict(self.engine)  # a collective under ZeRO-3
         if self.rank == 0:
             save_value_model(self.model, state_dict, root / MODEL_DIR)
-        save_training_checkpoint(self.engine, root / DEEPSPEED_DIR, client_state)
+        save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer from deepspeed/; returns the saved client_state."""
-        return load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_DIR)
+        return load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)

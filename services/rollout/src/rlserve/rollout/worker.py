@@ -56,6 +56,7 @@ from rlserve.core.response_scoring import (
 )
 from rlserve.core.serving import Deadline, until_deadline
 from rlserve.core.training import (
+    DEEPSPEED_SUBDIR,
     build_training_engine,
     full_state_dict,
     grad_norm,
@@ -67,7 +68,6 @@ from rlserve.rollout.generation import GenerationEngine, SamplingSettings
 
 MODEL_SUBDIR = "model"
 ADAPTER_SUBDIR = "adapter"
-DEEPSPEED_SUBDIR = TrainingRankWorker.DEEPSPEED_SUBDIR
 # The span of each forward micro-batch, by the RPC it serves.
 FORWARD_SPANS = {"ComputeLogProb": "rollout.forward", "ComputeRefLogProb": "reference.forward"}
 
