@@ -191,7 +191,7 @@ def overrides(case: Case, args: argparse.Namespace, model_dir: Path, data: Path)
         "data.prompt_key=prompt",
         "data.ground_truth_key=reward_model.ground_truth",
         "data.max_prompt_tokens=96",
-        "reward.rule_name=gsm8k",
+        "reward.kinds.rule.rule_name=gsm8k",
         f"rollout.engine={case.engine}",
         f"rollout.max_new_tokens={args.new_tokens}",
         "rollout.ignore_eos=true",

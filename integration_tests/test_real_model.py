@@ -62,7 +62,7 @@ def test_grpo_with_kl_loss_and_lora_on_smollm2_saves_resumes_and_continues(smoll
         f"data.train_path={data}",
         "data.ground_truth_key=reward_model.ground_truth",
         "data.max_prompt_tokens=96",
-        "reward.rule_name=gsm8k",
+        "reward.kinds.rule.rule_name=gsm8k",
         "algorithm.adv_estimator=grpo",
         "algorithm.kl_ctrl.kl_coef=0",
         "actor.use_kl_loss=true",

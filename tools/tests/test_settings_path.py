@@ -13,6 +13,7 @@ renamed or dropped field fails here.
 import pytest
 
 from rlserve.core.config import validate_config
+from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.run_config import ActorSettings, CriticSettings, ReferenceConfig, RunConfig
 from rlserve.core.service_config import TrainingDeployment, WorkerDeployment
 from rlserve.critic.config import CriticServiceConfig
@@ -31,15 +32,13 @@ SERVICE_CONFIGS = {
     "reward": RewardServiceConfig,
 }
 # Set only under a condition; each has its own test below.
-CONDITIONAL = {
-    "rollout": {"serve_reference"},
-    "reward": {"num_replicas", "autoscaling_config"},
-}
+CONDITIONAL = {"rollout": {"serve_reference"}}
 # Each worker service's settings: (the class its config subclasses, the run section).
 SETTINGS = {
     "rollout": (ActorSettings, "actor"),
     "critic": (CriticSettings, "critic"),
     "reference": (ReferenceConfig, "reference"),
+    "reward": (RewardSettings, "reward"),
 }
 # What the trainer derives from elsewhere in the run (model, placement, other sections).
 DERIVED = {
@@ -48,6 +47,7 @@ DERIVED = {
        "max_request_tokens", "torch_threads_per_worker", "serve_reference"},
     "critic": set(TrainingDeployment.model_fields),
     "reference": set(WorkerDeployment.model_fields) | {"temperature"},
+    "reward": {"num_cpus_per_replica", "placement", "tracing"},
 }  # fmt: skip
 EVERY_ROLE_PLACED = {
     "pools": {"gpu": {}},
@@ -83,8 +83,9 @@ def test_a_service_setting_is_a_run_config_field_that_reaches_it_unchanged(role)
     assert isinstance(section, settings)
     args = service_args(config, "/models/policy")[role]
     derived_here = DERIVED[role] & set(settings.model_fields)  # e.g. limits from `rollout`
+    section_values = section.model_dump()
     for name in set(settings.model_fields) - derived_here:
-        assert args[name] == getattr(section, name), name
+        assert args[name] == section_values[name], name
 
 
 @pytest.mark.parametrize("role", SERVICE_CONFIGS)
@@ -118,7 +119,7 @@ def test_forward_and_memory_knobs_reach_the_workers():
     assert actor["optimizer"].weight_decay == 0.01
     critic = critic_worker_kwargs(validate_config(CriticServiceConfig, apps["critic"]))
     assert (critic["forward_micro_batch_samples"], critic["setup"].device) == (5, "cpu")
-    assert critic["loss_agg_mode"] == "seq-mean-token-sum"
+    assert critic["loss"].loss_agg_mode == "seq-mean-token-sum"
     reference = reference_worker_kwargs(validate_config(ReferenceServiceConfig, apps["reference"]))
     assert (reference["micro_batch_samples"], reference["logits_chunk_tokens"]) == (3, 32)
 
@@ -180,28 +181,40 @@ def test_reward_replicas_and_autoscaling_reach_the_service():
     fixed = service_args(_config(reward={"num_replicas": 3}), "/m")["reward"]
     assert validate_config(RewardServiceConfig, fixed).num_replicas == 3
     scaled = service_args(
-        _config(reward={"autoscaling": {"min_replicas": 1, "max_replicas": 4}}), "/m"
+        _config(reward={"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}), "/m"
     )["reward"]
     assert validate_config(RewardServiceConfig, scaled).autoscaling_config.max_replicas == 4
 
 
-def test_reward_model_kind_settings_reach_the_service():
-    config = _config(
-        reward={
-            "kind": "model",
+def test_every_reward_kind_setting_reaches_the_service():
+    """The run's reward.kinds is the service's kinds model: each kind's every field
+    arrives as the run set it (secrets included: the service needs them)."""
+    kinds = {
+        "rule": {"rule_name": "gsm8k", "weight": 0.5, "max_text_chars": 1000, "time_budget_s": 2.5},
+        "model": {
             "model_path": "/models/rm",
-            "model_dtype": "bfloat16",
-            "model_micro_batch_samples": 4,
-        }
-    )
+            "weight": 2.0,
+            "dtype": "bfloat16",
+            "micro_batch_samples": 4,
+        },
+        "http": {
+            "url": "https://verifier.example/score",
+            "weight": -1.0,
+            "headers": {"Authorization": "Bearer t"},
+            "timeout_s": 9.0,
+            "max_concurrency": 3,
+            "retries": 5,
+            "backoff_initial_s": 0.5,
+            "backoff_max_s": 4.0,
+            "on_failure": "fallback",
+            "fallback_score": -2.0,
+            "deadline_reserve_s": 0.3,
+        },
+    }
+    config = _config(reward={"kinds": kinds})
     reward = validate_config(RewardServiceConfig, service_args(config, "/m")["reward"])
-    assert (reward.kinds.model.dtype, reward.kinds.model.micro_batch_samples) == ("bfloat16", 4)
-
-
-def test_reward_rule_limits_reach_the_service():
-    config = _config(reward={"rule_max_text_chars": 1000, "rule_time_budget_s": 2.5})
-    reward = validate_config(RewardServiceConfig, service_args(config, "/m")["reward"])
-    assert (reward.kinds.rule.max_text_chars, reward.kinds.rule.time_budget_s) == (1000, 2.5)
+    assert reward.kinds.model_dump() == kinds
+    assert reward.kinds == config.reward.kinds
 
 
 def test_a_step_larger_than_a_service_request_limit_is_a_config_error():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pydantic
@@ -14,6 +15,7 @@ from rlserve.core.config import (
     apply_overrides,
     describe_config,
     dump_config,
+    fields_from,
     load_config,
     validate_config,
 )
@@ -68,7 +70,8 @@ def test_defaults_are_the_measured_ppo_recipe():
     assert c.actor.ppo_epochs == 2
     assert (c.model.tiny.hidden_size, c.model.tiny.num_layers) == (128, 4)
     assert (c.data.arithmetic.train_pairs, c.data.arithmetic.eval_pairs) == (8000, 2000)
-    assert c.reward.http.timeout_s == 3.0
+    assert c.reward.kinds.rule.rule_name == "arithmetic_exact_match"
+    assert (c.reward.kinds.model, c.reward.kinds.http) == (None, None)
 
 
 def test_derived_sizes():
@@ -198,9 +201,9 @@ def test_unknown_key_suggests_the_same_name_in_another_section():
 
 
 def test_unknown_key_without_a_close_match_lists_the_fields():
-    err = error_of("reward.http.zzz=1")
-    assert err.paths == ("reward.http.zzz",)
-    assert "timeout_s" in str(err)
+    err = error_of("reward.kinds.rule.zzz=1", path=EMBEDDED_DEFAULT_CONFIG_PATH)
+    assert err.paths == ("reward.kinds.rule.zzz",)
+    assert "time_budget_s" in str(err)
 
 
 def test_bad_type_names_field_and_value():
@@ -427,20 +430,41 @@ def test_section_checks_are_rooted_at_the_section():
 
 
 @pytest.mark.parametrize(
-    ("kind", "path"),
-    [("rule", "reward.rule_name"), ("model", "reward.model_path"), ("http", "reward.http.url")],
+    ("override", "place"),
+    [
+        ("reward.kind=model", "reward.kinds.<kind>"),
+        ("reward.rule_name=gsm8k", "reward.kinds.rule.rule_name"),
+        ("reward.model_path=/rm", "reward.kinds.model.model_path"),
+        ("reward.http.url=http://x", "reward.kinds.http"),
+        ("reward.autoscaling.max_replicas=3", "reward.autoscaling_config"),
+    ],
 )
-def test_reward_kind_needs_its_setting(kind, path):
-    err = error_of(f"reward.kind={kind}", "reward.rule_name=null")
-    assert err.paths == (path,) and "required" in str(err)
+def test_a_former_reward_key_names_its_new_place(override, place):
+    err = error_of(override)
+    assert err.paths == ("reward." + override.split(".")[1].split("=")[0],)
+    assert f"moved: set {place}" in str(err)
+
+
+def test_reward_kinds_combine_and_at_least_one_is_set():
+    # the embedded configs list their rule, so a kind set on the command line joins it
+    config = load(
+        "reward.kinds.model.model_path=/models/rm",
+        "reward.kinds.model.weight=0.5",
+        path=EMBEDDED_DEFAULT_CONFIG_PATH,
+    )
+    assert config.reward.kinds.weights() == {"rule": 1.0, "model": 0.5}
+    alone = load("reward.kinds.rule=null", "reward.kinds.http.url=http://verifier:8000/score")
+    assert alone.reward.kinds.weights() == {"http": 1.0}
+    err = error_of("reward.kinds.rule=null")
+    assert err.paths == ("reward.kinds",) and "set at least one of rule, model, http" in str(err)
 
 
 def test_section_validates_on_its_own():
     # A service that embeds one section gets the same checks and paths relative to it.
     with pytest.raises(ConfigError) as info:
-        validate_config(RewardConfig, {"kind": "http", "http": {"url": "ftp://x"}})
-    assert info.value.paths == ("http.url",)
-    assert validate_config(RewardConfig, {"kind": "http", "http": {"url": "http://x"}})
+        validate_config(RewardConfig, {"kinds": {"http": {"url": "ftp://x"}}})
+    assert info.value.paths == ("kinds.http.url",)
+    assert validate_config(RewardConfig, {"kinds": {"http": {"url": "http://x"}}})
 
 
 # --- dump and describe ------------------------------------------------------------------
@@ -463,13 +487,15 @@ def test_dump_load_round_trip(tmp_path):
 def test_describe_lists_nested_fields_with_docstrings():
     text = describe_config(RunConfig)
     lines = text.splitlines()
-    i = next(i for i, line in enumerate(lines) if line.startswith("reward.http.timeout_s:"))
-    assert lines[i] == "reward.http.timeout_s: float = 3.0  (> 0)"
-    assert lines[i + 1].strip() == "Per-request timeout in seconds."
+    i = next(i for i, line in enumerate(lines) if line.startswith("reward.kinds.http.timeout_s:"))
+    assert lines[i] == "reward.kinds.http.timeout_s: float = 3.0  (> 0)"
+    assert lines[i + 1].strip() == (
+        "Per-request timeout in seconds (connect + response), for every attempt."
+    )
     assert (
         "actor.loss_agg_mode: 'token-mean' | 'seq-mean-token-sum' | 'seq-mean-token-mean'" in text
     )
-    assert "reward.http: section HttpRewardConfig" in text
+    assert "reward.kinds.http: section HttpKindConfig | None" in text
 
 
 def test_config_model_base_settings():
@@ -527,3 +553,26 @@ def test_catalogue_settings_are_checked_against_the_run():
     sapo = load("actor.policy_loss=sapo", "actor.sapo_tau_neg=2.0")
     assert (sapo.actor.sapo_tau_pos, sapo.actor.sapo_tau_neg) == (1.0, 2.0)
     assert error_of("actor.dppo_max_ratio=0").paths == ("actor.dppo_max_ratio",)
+
+
+def test_fields_from_copies_same_named_fields_and_takes_overrides():
+    @dataclasses.dataclass(frozen=True)
+    class Plain:
+        lr: float
+        depth: int
+
+    class Section(ConfigModel):
+        lr: float = 0.5
+        depth: int = 3
+        unused: str = "x"
+
+    assert fields_from(Plain, Section()) == Plain(lr=0.5, depth=3)
+    assert fields_from(Plain, Section(), depth=7) == Plain(lr=0.5, depth=7)
+    with pytest.raises(TypeError, match=r"Plain has no field\(s\) \['width'\]"):
+        fields_from(Plain, Section(), width=1)
+
+    class Narrow(ConfigModel):
+        lr: float = 0.5
+
+    with pytest.raises(AttributeError, match=r"Plain\.depth: Narrow has no field 'depth'"):
+        fields_from(Plain, Narrow())

@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from rlserve.core.cluster import free_port
 from rlserve.core.training import (
+    OptimizerSettings,
     build_training_engine,
     deepspeed_config,
     full_state_dict,
@@ -34,6 +35,17 @@ def test_deepspeed_config_rejects_unknown_stage():
         deepspeed_config(4, 4, 2, 1.0)
 
 
+def _optimizer(zero_stage: int, grad_accum_steps: int = 1) -> OptimizerSettings:
+    return OptimizerSettings(
+        lr=1e-2,
+        weight_decay=0.0,
+        zero_stage=zero_stage,
+        grad_clip=1.0,
+        micro_batch_samples=2,
+        grad_accum_steps=grad_accum_steps,
+    )
+
+
 @pytest.fixture(scope="module")
 def process_group():
     init_process_group(0, 1, "127.0.0.1", free_port())
@@ -41,9 +53,7 @@ def process_group():
 
 def test_engine_trains_and_checkpoint_restores(process_group, tiny_model_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    engine = build_training_engine(
-        model, lr=1e-2, zero_stage=1, micro_batch_samples=2, grad_accum_steps=2, grad_clip=1.0
-    )
+    engine = build_training_engine(model, _optimizer(zero_stage=1, grad_accum_steps=2))
     ids = torch.randint(4, 20, (4, 6))
     before = full_state_dict(engine)
     losses = []
@@ -92,9 +102,7 @@ def test_a_pickle_payload_in_a_checkpoint_never_runs(
     from rlserve.core import training
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    engine = build_training_engine(
-        model, lr=1e-2, zero_stage=1, micro_batch_samples=2, grad_accum_steps=1, grad_clip=1.0
-    )
+    engine = build_training_engine(model, _optimizer(zero_stage=1))
     save_training_checkpoint(engine, tmp_path, client_state={"weights_version": 1})
     weights = full_state_dict(engine)
     marker = tmp_path / "marker"
@@ -117,14 +125,7 @@ def test_weights_only_loading_reads_every_stage_checkpoint(
     from rlserve.core.training import UnsafeCheckpointError, check_training_checkpoint
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    engine = build_training_engine(
-        model,
-        lr=1e-2,
-        zero_stage=zero_stage,
-        micro_batch_samples=2,
-        grad_accum_steps=1,
-        grad_clip=1.0,
-    )
+    engine = build_training_engine(model, _optimizer(zero_stage=zero_stage))
     ids = torch.randint(4, 20, (2, 6))
     engine.backward(engine(input_ids=ids, labels=ids).loss)
     engine.step()

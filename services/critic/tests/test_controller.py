@@ -16,7 +16,7 @@ from rlserve.core.config import ConfigError, validate_config
 from rlserve.core.serving import Deadline, RpcError
 from rlserve.core.training import weights_only_load
 from rlserve.critic.config import CriticServiceConfig
-from rlserve.critic.controller import CriticController, worker_kwargs
+from rlserve.critic.controller import controller_for, worker_kwargs
 from rlserve.critic.worker import CriticWorker
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
@@ -44,7 +44,7 @@ def controller(critic_model_dir, in_process_group):
         max_request_tokens=150,
     )
     worker = joined_worker(config)
-    return CriticController(config, in_process_group([worker]))
+    return controller_for(config, in_process_group([worker]))
 
 
 def run(coroutine):
@@ -210,7 +210,7 @@ def test_values_stop_at_the_deadline_between_micro_batches_and_the_worker_serves
     )
     worker = joined_worker(config)
     # Not threaded: the call blocks the event loop, so only the worker itself can stop it.
-    controller = CriticController(config, in_process_group([worker]))
+    controller = controller_for(config, in_process_group([worker]))
     batch = make_batch(1024, seed=4).select(SEQUENCE_KEYS)  # 1024 forward passes: ≈ 2 s
     run(controller.worker_infos())
     started = time.perf_counter()
@@ -237,7 +237,7 @@ def test_an_update_outlives_its_callers_deadline_and_a_retry_replays_it(
         ppo_epochs=4,
     )
     worker = joined_worker(config)
-    controller = CriticController(config, in_process_group([worker], threaded=True))
+    controller = controller_for(config, in_process_group([worker], threaded=True))
     batch = make_batch(64, seed=13)  # 256 forward/backward passes: ≈ 1.5 s, over 0.3 s
     run(controller.worker_infos())  # asked once; not part of the timed call
 
@@ -304,7 +304,7 @@ def test_checkpoints_stay_under_the_root_and_bad_ones_keep_the_weights(
         checkpoint_root=str(root),
     )
     worker = joined_worker(config)
-    controller = CriticController(config, in_process_group([worker]))
+    controller = controller_for(config, in_process_group([worker]))
     for name in (str(tmp_path / "outside"), "../outside", "a\x00b"):
         for call in (controller.save_checkpoint, controller.load_checkpoint):
             with pytest.raises(RpcError) as error:
@@ -365,7 +365,7 @@ def test_an_update_that_fails_part_way_leaves_the_critic_refusing_until_a_load(
     )
     worker = joined_worker(config)
     group = FailingAfterTheUpdate([worker])
-    controller = CriticController(config, group)
+    controller = controller_for(config, group)
     run(controller.update_critic(0, make_batch(4)))
     run(controller.save_checkpoint("step0"))
     assert controller.health_problems() == []

@@ -8,28 +8,37 @@ import torch
 from rlserve.core.cluster import free_port
 from rlserve.core.ppo_math import value_loss
 from rlserve.core.rank_worker import RankSetup
+from rlserve.core.training import OptimizerSettings
 from rlserve.critic.model import load_value_model, response_values
-from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units
+from rlserve.critic.requests import MiniBatchSlice, RankUpdate, ValueLossSettings, loss_units
 from rlserve.critic.worker import CriticWorker
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
 
-def make_worker(model_dir, **overrides):
-    kwargs = {
-        "setup": RankSetup(str(model_dir)),
-        "zero_stage": 0,
-        "lr": 1e-2,
-        "weight_decay": 0.0,
-        "micro_batch_samples": 2,
-        "grad_accum_steps": 2,
-        "cliprange_value": 0.2,
-        "loss_agg_mode": "token-mean",
-        "grad_clip": 1e6,  # no clipping, so the plain-torch reference below needs none
-        "forward_micro_batch_samples": 3,
-        **overrides,
-    }
-    worker = CriticWorker(rank=0, world_size=1, **kwargs)
+def make_worker(
+    model_dir,
+    micro_batch_samples=2,
+    cliprange_value=0.2,
+    loss_agg_mode="token-mean",
+    forward_micro_batch_samples=3,
+):
+    optimizer = OptimizerSettings(
+        lr=1e-2,
+        weight_decay=0.0,
+        zero_stage=0,
+        grad_clip=1e6,  # no clipping, so the plain-torch reference below needs none
+        micro_batch_samples=micro_batch_samples,
+        grad_accum_steps=2,
+    )
+    worker = CriticWorker(
+        rank=0,
+        world_size=1,
+        setup=RankSetup(str(model_dir)),
+        optimizer=optimizer,
+        loss=ValueLossSettings(cliprange_value, loss_agg_mode),
+        forward_micro_batch_samples=forward_micro_batch_samples,
+    )
     worker.init_distributed("127.0.0.1", free_port())
     return worker
 

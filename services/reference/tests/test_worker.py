@@ -12,7 +12,7 @@ from rlserve.core.modeling import load_causal_lm
 from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import Deadline, RpcError
 from rlserve.reference.config import ReferenceServiceConfig
-from rlserve.reference.controller import ReferenceController, worker_kwargs
+from rlserve.reference.controller import controller_for, worker_kwargs
 from rlserve.reference.worker import ReferenceWorker
 
 
@@ -77,7 +77,7 @@ def test_controller_checks_requests(tiny_model_dir, make_batch):
         model_path=str(tiny_model_dir), max_batch_samples=8, max_request_tokens=50
     )
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
-    controller = ReferenceController(config, InProcessGroup(worker))
+    controller = controller_for(config, InProcessGroup(worker))
     good = make_batch(4)
     t = good.tensors
     cases = [
@@ -124,7 +124,7 @@ def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_ser
     config = ReferenceServiceConfig(model_path=str(tiny_model_dir), micro_batch_samples=1)
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
     # In-process, the call blocks the event loop: only the worker itself can stop it.
-    controller = ReferenceController(config, InProcessGroup(worker))
+    controller = controller_for(config, InProcessGroup(worker))
     batch = make_batch(1024, seed=4)  # 1024 forward passes: ≈ 2 s
     asyncio.run(controller.worker_infos())
     started = time.perf_counter()
@@ -145,7 +145,7 @@ def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_ser
 def test_the_batch_sampling_temperature_wins_over_the_configured_one(tiny_model_dir, make_batch):
     config = ReferenceServiceConfig(model_path=str(tiny_model_dir), temperature=0.5)
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
-    controller = ReferenceController(config, InProcessGroup(worker))
+    controller = controller_for(config, InProcessGroup(worker))
     batch = make_batch(3, seed=4)
 
     def scored(meta):

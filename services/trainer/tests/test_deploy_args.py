@@ -97,9 +97,9 @@ def test_request_limits_reach_the_services():
 
 def test_reward_scaling_reaches_the_service():
     auto = {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2}
-    apps = service_args(_config(reward={"autoscaling": auto}), "/m")
+    apps = service_args(_config(reward={"autoscaling_config": auto}), "/m")
     assert apps["reward"]["autoscaling_config"]["max_replicas"] == 8
-    assert "num_replicas" not in apps["reward"]
+    assert apps["reward"]["num_replicas"] is None
     apps = service_args(_config(reward={"num_replicas": 4}), "/m")
     assert apps["reward"]["num_replicas"] == 4
 
@@ -139,7 +139,8 @@ def test_bad_placement_is_a_config_error_naming_the_field(placement, path, messa
 def test_reward_scaling_excludes_a_fixed_count():
     with pytest.raises(ConfigError, match="set either num_replicas or autoscaling"):
         validate_config(
-            RunConfig, {"reward": {"num_replicas": 2, "autoscaling": {"max_replicas": 4}}}
+            RunConfig,
+            {"reward": {"num_replicas": 2, "autoscaling_config": {"max_replicas": 4}}},
         )
 
 

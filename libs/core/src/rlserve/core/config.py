@@ -20,11 +20,13 @@ the model they live on; `validate_config` re-roots them under the model's own pa
 
 Design choices: no environment-variable layer and no config inheritance (one file, then
 explicit overrides, is the whole story); components never receive a config object —
-builders read the fields they need and pass plain arguments.
+builders read the fields they need and pass plain arguments. `fields_from` builds such a
+plain settings dataclass from a config by field name, so no builder lists fields by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import types
@@ -45,12 +47,14 @@ __all__ = [
     "apply_overrides",
     "describe_config",
     "dump_config",
+    "fields_from",
     "load_config",
     "settings_json",
     "validate_config",
 ]
 
 M = TypeVar("M", bound="ConfigModel")
+D = TypeVar("D")
 
 
 class ConfigModel(pydantic.BaseModel):
@@ -65,6 +69,28 @@ class ConfigModel(pydantic.BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
     )
+
+
+def fields_from(settings: type[D], source: object, **overrides: Any) -> D:
+    """A `settings` dataclass whose every field is `source`'s attribute of the same name,
+    except those given in `overrides` (values the builder derives: a model's limits, a
+    share of a batch). A field `source` lacks is an AttributeError naming both."""
+    names = [field.name for field in dataclasses.fields(settings) if field.init]  # type: ignore[arg-type]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise TypeError(f"{settings.__name__} has no field(s) {unknown}")
+    values = {}
+    for name in names:
+        if name in overrides:
+            values[name] = overrides[name]
+        elif hasattr(source, name):
+            values[name] = getattr(source, name)
+        else:
+            raise AttributeError(
+                f"{settings.__name__}.{name}: {type(source).__name__} has no field {name!r}; "
+                "add it there or pass it as an override"
+            )
+    return settings(**values)
 
 
 class ConfigError(ValueError):

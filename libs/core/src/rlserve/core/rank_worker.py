@@ -5,7 +5,9 @@ A service's worker class (ActorWorker, CriticWorker, ReferenceWorker) subclasses
 model, where it computes, its threads: `RankSetup.of(service config)`) before the
 worker's own plain arguments. WorkerGroup calls `node_address` on rank 0 and
 `init_distributed` on every rank, and the service's controller asks `info` once for
-GetInfo. `TrainingRankWorker` adds the checkpoint check the two training services share.
+GetInfo. `TrainingRankWorker` adds what the two training services share: the DeepSpeed
+engine built from `OptimizerSettings` once the process group exists, and the engine's
+part of every checkpoint (check, save, load) under `<checkpoint>/deepspeed`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ import torch
 
 from rlserve.core.devices import resolve_device
 from rlserve.core.service_config import WorkerDeployment
-from rlserve.core.training import DEEPSPEED_SUBDIR, check_training_checkpoint
+from rlserve.core.training import (
+    DEEPSPEED_SUBDIR,
+    OptimizerSettings,
+    build_training_engine,
+    check_training_checkpoint,
+    full_state_dict,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
 from rlserve.core.workers import distributed_address, init_process_group
 
 
@@ -81,11 +91,33 @@ class RankWorker:
 
 
 class TrainingRankWorker(RankWorker):
-    """A rank that trains with DeepSpeed and keeps its engine's state under
-    `<checkpoint>/<training.DEEPSPEED_SUBDIR>`."""
+    """A rank that trains `self.engine` (DeepSpeed) and keeps the engine's state under
+    `<checkpoint>/<training.DEEPSPEED_SUBDIR>`; a subclass builds its module in
+    init_distributed, then calls `_build_engine`."""
+
+    def __init__(self, rank: int, world_size: int, setup: RankSetup, optimizer: OptimizerSettings):
+        super().__init__(rank, world_size, setup)
+        self.optimizer_settings = optimizer
+        # Built in init_distributed: DeepSpeed needs the process group.
+        self.engine: Any = None
+
+    def _build_engine(self, module: torch.nn.Module) -> None:
+        self.engine = build_training_engine(module, self.optimizer_settings, self.dtype)
+
+    def gathered_weights(self) -> dict[str, torch.Tensor]:
+        """The trained module's full state dict; call on every rank (a collective under
+        ZeRO-3)."""
+        return full_state_dict(self.engine)
 
     def check_checkpoint(self, directory: str, client_keys: list[str]) -> dict[str, Any]:
         """Reads this rank's state files weights-only, changing nothing (raises
         FileNotFoundError or UnsafeCheckpointError); every rank, before load_checkpoint.
         Returns the saved client_state's entries named `client_keys`."""
         return check_training_checkpoint(Path(directory) / DEEPSPEED_SUBDIR, self.rank, client_keys)
+
+    def _save_engine_state(self, directory: str, client_state: dict[str, Any]) -> None:
+        save_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR, client_state)
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Restores weights + optimizer state from the checkpoint; its client_state."""
+        return load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)

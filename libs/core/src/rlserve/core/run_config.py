@@ -13,8 +13,9 @@ of them), `*_s` is seconds, `*_steps` counts PPO steps. Batch sizes are global (
 step, across workers) unless the docstring says "per worker".
 
 Checks that involve several sections (batch divisibility, estimator needs) live on
-`RunConfig`; checks within one section live on that section, so a service that embeds a
-single section (e.g. the reward service's `RewardConfig`) gets them too.
+`RunConfig`; checks within one section live on that section, so a service whose config
+subclasses that section's settings (each worker service, and the reward service through
+rlserve.core.reward_settings) gets them too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from rlserve.core.ppo_math import (
     needs_group_ids,
 )
 from rlserve.core.ppo_math import needs_critic as estimator_needs_critic
+from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.vllm_config import VllmConfig
 
 __all__ = [
@@ -50,13 +52,11 @@ __all__ = [
     "AdvEstimator",
     "AlgorithmConfig",
     "ArithmeticTaskConfig",
-    "AutoscalingConfig",
     "CriticConfig",
     "CriticLossAggMode",
     "CriticSettings",
     "DataConfig",
     "Dtype",
-    "HttpRewardConfig",
     "KlControlConfig",
     "KlKind",
     "LossAggMode",
@@ -586,108 +586,36 @@ class AlgorithmConfig(ConfigModel):
 # --- reward -----------------------------------------------------------------------------
 
 
-class AutoscalingConfig(ConfigModel):
-    """Serve autoscaling: replicas follow the number of requests in flight."""
+class RewardConfig(RewardSettings):
+    """How the reward service scores responses: its kinds with their weights, its limits
+    and scaling (rlserve.core.reward_settings, the service's own settings)."""
 
-    min_replicas: int = Field(1, ge=0)
-    """Fewest replicas (0 lets the service scale to zero when idle)."""
-    max_replicas: int = Field(4, ge=1)
-    """Most replicas."""
-    initial_replicas: int | None = Field(None, ge=0)
-    """Replicas at deployment; None = min_replicas."""
-    target_ongoing_requests: float = Field(2.0, gt=0, allow_inf_nan=False)
-    """Requests in flight per replica the autoscaler aims for."""
-    upscale_delay_s: float = Field(30.0, ge=0, allow_inf_nan=False)
-    """How long demand must stay high before replicas are added."""
-    downscale_delay_s: float = Field(600.0, ge=0, allow_inf_nan=False)
-    """How long demand must stay low before replicas are removed."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> AutoscalingConfig:
-        if self.max_replicas < self.min_replicas:
-            raise ConfigError(
-                "max_replicas",
-                f"must be >= min_replicas ({self.min_replicas}); got {self.max_replicas}",
-            )
-        if self.initial_replicas is not None and not (
-            self.min_replicas <= self.initial_replicas <= self.max_replicas
-        ):
-            raise ConfigError(
-                "initial_replicas",
-                f"must lie in min_replicas..max_replicas ({self.min_replicas}..{self.max_replicas})"
-                f"; got {self.initial_replicas}",
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _name_the_new_place_of_old_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            issues = [
+                (key, f"moved: set {place} instead")
+                for key, place in _FORMER_REWARD_KEYS.items()
+                if key in data
+            ]
+            if issues:
+                raise ConfigError(issues)
+        return data
 
 
-class HttpRewardConfig(ConfigModel):
-    """An external HTTP scoring API (reward.kind 'http')."""
-
-    url: str | None = None
-    """Endpoint receiving batches of (prompt, response, ground truth); required for 'http'."""
-    timeout_s: float = Field(3.0, gt=0)
-    """Per-request timeout in seconds."""
-    max_concurrency: int = Field(32, ge=1)
-    """Requests in flight at once, per reward replica."""
-    retries: int = Field(2, ge=0)
-    """Retries after a failed or timed-out request (0 = try once)."""
-    on_failure: Literal["raise", "fallback"] = "raise"
-    """When retries are spent: fail the step ('raise') or score fallback_score ('fallback')."""
-    fallback_score: float = 0.0
-    """Score given to a sample whose request failed, with on_failure 'fallback'."""
-
-
-class RewardConfig(ConfigModel):
-    """How the reward service scores responses."""
-
-    kind: Literal["rule", "model", "http"] = "rule"
-    """'rule': a registered Python function; 'model': a reward model; 'http': an external API."""
-    rule_name: str | None = "arithmetic_exact_match"
-    """Registered rule function; required when kind is 'rule'."""
-    rule_max_text_chars: int = Field(65_536, ge=1)
-    """Longest response_text / ground_truth, in characters, the rule reads; longer is
-    INVALID_ARGUMENT. Used when kind is 'rule'."""
-    rule_time_budget_s: float = Field(30.0, gt=0, allow_inf_nan=False)
-    """Most seconds one ComputeReward call may spend in the rule. Used when kind is 'rule'."""
-    model_path: str | None = None
-    """Local reward-model directory; required when kind is 'model'."""
-    http: HttpRewardConfig = Field(default_factory=HttpRewardConfig)
-    """The external API; used when kind is 'http'."""
-    num_replicas: int | None = Field(None, ge=1)
-    """Fixed count of reward replicas; None = 1, or autoscaling when autoscaling is set."""
-    autoscaling: AutoscalingConfig | None = None
-    """Serve autoscaling of the reward replicas (min/max replicas, target requests in
-    flight per replica); excludes num_replicas."""
-    max_ongoing_requests: int = Field(64, ge=1)
-    """Calls one reward replica takes at once. Keep it above the callers' concurrency:
-    when every replica holds this many, Serve's router backs off before retrying, and
-    throughput collapses (benchmarks/bench_reward_load.py: at 8, 32 clients got 56
-    calls/s with p99 2.4 s; at 64, 378 calls/s with p99 0.14 s)."""
-    max_batch_samples: int = Field(4096, ge=1)
-    """Most samples one ComputeReward call may carry; must hold a whole step's samples."""
-    torch_threads: int = Field(1, ge=1)
-    """torch intra-op threads per replica (reward-model forward passes)."""
-    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the reward model is loaded in; used when kind is 'model'."""
-    model_micro_batch_samples: int = Field(16, ge=1)
-    """Samples per reward-model forward pass; used when kind is 'model'."""
-
-    @model_validator(mode="after")
-    def _kind_has_its_setting(self) -> RewardConfig:
-        if self.num_replicas is not None and self.autoscaling is not None:
-            raise ConfigError("num_replicas", "set either num_replicas or autoscaling, not both")
-        if self.kind == "rule" and not self.rule_name:
-            raise ConfigError("rule_name", "required when kind is 'rule'")
-        if self.kind == "model" and not self.model_path:
-            raise ConfigError("model_path", "required when kind is 'model'")
-        if self.kind == "http":
-            if not self.http.url:
-                raise ConfigError("http.url", "required when kind is 'http'")
-            if not self.http.url.startswith(("http://", "https://")):
-                raise ConfigError(
-                    "http.url", f"must start with http:// or https://; got {self.http.url!r}"
-                )
-        return self
+# The single-kind reward section of earlier releases, key -> where it lives now.
+_FORMER_REWARD_KEYS = {
+    "kind": "reward.kinds.<kind> (rule, model or http; several may be set, each weighted)",
+    "rule_name": "reward.kinds.rule.rule_name",
+    "rule_max_text_chars": "reward.kinds.rule.max_text_chars",
+    "rule_time_budget_s": "reward.kinds.rule.time_budget_s",
+    "model_path": "reward.kinds.model.model_path (and reward.kinds.rule=null for the model alone)",
+    "model_dtype": "reward.kinds.model.dtype",
+    "model_micro_batch_samples": "reward.kinds.model.micro_batch_samples",
+    "http": "reward.kinds.http (and reward.kinds.rule=null for the API alone)",
+    "autoscaling": "reward.autoscaling_config",
+}
 
 
 # --- placement --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ as it was — and again in the load itself.
 import random
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,20 @@ import torch
 DS_CHECKPOINT_TAG = "state"
 DEEPSPEED_SUBDIR = "deepspeed"
 """Where a service checkpoint keeps DeepSpeed's state (beside its HF-format model)."""
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """How a DeepSpeed engine trains one rank's model (built from a service config)."""
+
+    lr: float
+    weight_decay: float
+    zero_stage: int
+    grad_clip: float
+    micro_batch_samples: int
+    """Rows per forward/backward pass."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step on this rank."""
 
 
 def deepspeed_config(
@@ -57,14 +72,7 @@ def deepspeed_config(
 
 
 def build_training_engine(
-    model: torch.nn.Module,
-    lr: float,
-    zero_stage: int,
-    micro_batch_samples: int,
-    grad_accum_steps: int,
-    grad_clip: float,
-    weight_decay: float = 0.0,
-    dtype: str = "float32",
+    model: torch.nn.Module, optimizer: OptimizerSettings, dtype: str = "float32"
 ) -> Any:
     """Wraps `model` in a DeepSpeed engine with AdamW; the process group must exist."""
     import deepspeed
@@ -72,15 +80,21 @@ def build_training_engine(
     # foreach=False: the multi-tensor AdamW allocates temporaries the size of all the
     # parameters at once (e.g. sqrt of every second moment), a whole model's worth of peak
     # memory in a training worker; the per-tensor loop needs one tensor's worth.
-    optimizer = torch.optim.AdamW(
+    adamw = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
-        lr=lr,
-        weight_decay=weight_decay,
+        lr=optimizer.lr,
+        weight_decay=optimizer.weight_decay,
         foreach=False,
     )
-    config = deepspeed_config(zero_stage, micro_batch_samples, grad_accum_steps, grad_clip, dtype)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    if zero_stage == 0:
+    config = deepspeed_config(
+        optimizer.zero_stage,
+        optimizer.micro_batch_samples,
+        optimizer.grad_accum_steps,
+        optimizer.grad_clip,
+        dtype,
+    )
+    engine, *_ = deepspeed.initialize(model=model, optimizer=adamw, config=config)
+    if optimizer.zero_stage == 0:
         _bound_allreduce_memory(engine)
     return engine
 

@@ -6,19 +6,28 @@ a long update), the health check's dead workers, and the sequence checks every r
 gets against the model's vocabulary and the service's request limits.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
 from rlserve.core.batch import Batch
 from rlserve.core.validation import require_sequences
 
 
+@dataclass(frozen=True)
+class RequestBounds:
+    """The most one request may carry (a service config's RequestLimits fields)."""
+
+    max_batch_samples: int
+    max_request_tokens: int
+    """Rows × input_ids columns."""
+
+
 class WorkerController:
     """A service controller over `group` (WorkerGroup's async interface)."""
 
-    def __init__(self, group: Any, max_batch_samples: int, max_request_tokens: int):
+    def __init__(self, group: Any, bounds: RequestBounds):
         self.group = group
-        self.max_batch_samples = max_batch_samples
-        self.max_request_tokens = max_request_tokens
+        self.bounds = bounds
         self._worker_infos: list[dict[str, Any]] | None = None
 
     def health_problems(self) -> list[str]:
@@ -40,6 +49,6 @@ class WorkerController:
         return require_sequences(
             batch,
             await self.vocab_size(),
-            self.max_batch_samples,
-            max_tokens=self.max_request_tokens,
+            self.bounds.max_batch_samples,
+            max_tokens=self.bounds.max_request_tokens,
         )

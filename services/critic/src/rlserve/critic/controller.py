@@ -35,6 +35,7 @@ Choices:
 """
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from rlserve.core.checkpoint_paths import (
     require_load_dir,
     save_failed,
 )
+from rlserve.core.config import fields_from
 from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import (
@@ -58,12 +60,19 @@ from rlserve.core.steps import StepLedger
 from rlserve.core.training import (
     DEEPSPEED_SUBDIR,
     DS_CHECKPOINT_TAG,
+    OptimizerSettings,
     UnsafeCheckpointError,
     minibatch_indices,
 )
-from rlserve.core.worker_controller import WorkerController
+from rlserve.core.worker_controller import RequestBounds, WorkerController
 from rlserve.critic.config import CriticServiceConfig
-from rlserve.critic.requests import MiniBatchSlice, RankUpdate, loss_units, update_batch
+from rlserve.critic.requests import (
+    MiniBatchSlice,
+    RankUpdate,
+    ValueLossSettings,
+    loss_units,
+    update_batch,
+)
 
 # Results of this many most recent applied steps stay replayable (and go into checkpoints).
 REPLAY_HISTORY_STEPS = 64
@@ -74,25 +83,40 @@ def worker_kwargs(config: CriticServiceConfig) -> dict[str, Any]:
     """CriticWorker's constructor arguments (besides rank, world_size) from the config."""
     return {
         "setup": RankSetup.of(config),
-        "zero_stage": config.zero_stage,
-        "lr": config.lr,
-        "weight_decay": config.weight_decay,
-        "micro_batch_samples": min(config.micro_batch_samples, config.worker_mini_batch_samples),
-        "grad_accum_steps": config.grad_accum_steps,
-        "cliprange_value": config.cliprange_value,
-        "loss_agg_mode": config.loss_agg_mode,
-        "grad_clip": config.grad_clip,
+        "optimizer": fields_from(
+            OptimizerSettings,
+            config,
+            micro_batch_samples=min(config.micro_batch_samples, config.worker_mini_batch_samples),
+        ),
+        "loss": fields_from(ValueLossSettings, config),
         "forward_micro_batch_samples": config.forward_micro_batch_samples,
         "gradient_checkpointing": config.gradient_checkpointing,
     }
 
 
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How an update is cut into mini-batches, and where checkpoints may live."""
+
+    ppo_mini_batch_samples: int
+    ppo_epochs: int
+    loss_agg_mode: str
+    checkpoint_root: str | None
+
+
+def controller_for(config: CriticServiceConfig, group: Any) -> "CriticController":
+    """The controller a service config describes, over `group`."""
+    return CriticController(
+        group, fields_from(RequestBounds, config), fields_from(TrainingPlan, config)
+    )
+
+
 class CriticController(WorkerController):
     """State (version, applied steps) and dispatch of one critic service."""
 
-    def __init__(self, config: CriticServiceConfig, group: Any):
-        super().__init__(group, config.max_batch_samples, config.max_request_tokens)
-        self.config = config
+    def __init__(self, group: Any, bounds: RequestBounds, plan: TrainingPlan):
+        super().__init__(group, bounds)
+        self.plan = plan
         self.weights_version = 0
         # step -> (metrics, weights_version after it), the latest REPLAY_HISTORY_STEPS
         self.steps: StepLedger[tuple[dict[str, float], int]] = StepLedger(REPLAY_HISTORY_STEPS)
@@ -148,9 +172,9 @@ class CriticController(WorkerController):
             clean = update_batch(
                 batch,
                 vocab_size,
-                self.config.max_batch_samples,
-                self.config.ppo_mini_batch_samples,
-                self.config.max_request_tokens,
+                self.bounds.max_batch_samples,
+                self.plan.ppo_mini_batch_samples,
+                self.bounds.max_request_tokens,
             )
             try:
                 metrics = await self._train(step, clean)
@@ -170,9 +194,9 @@ class CriticController(WorkerController):
         response_mask = batch.tensors["response_mask"]
         slices: list[list[tuple[torch.Tensor, int]]] = [[] for _ in range(world_size)]
         for _, rows in minibatch_indices(
-            len(batch), self.config.ppo_mini_batch_samples, self.config.ppo_epochs, seed=step
+            len(batch), self.plan.ppo_mini_batch_samples, self.plan.ppo_epochs, seed=step
         ):
-            units = loss_units(response_mask[rows], self.config.loss_agg_mode)
+            units = loss_units(response_mask[rows], self.plan.loss_agg_mode)
             for rank, part in enumerate(rows.chunk(world_size)):
                 slices[rank].append((part, units))
         plans = []
@@ -216,7 +240,7 @@ class CriticController(WorkerController):
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
         """(weights_version, last_applied_step) written to `path`, a name relative to
         checkpoint_root (a directory that cannot be written is FAILED_PRECONDITION)."""
-        directory = checkpoint_path(self.config.checkpoint_root, path)
+        directory = checkpoint_path(self.plan.checkpoint_root, path)
         prepare_save_dir(directory)
         deadline.check("SaveCheckpoint")
 
@@ -243,7 +267,7 @@ class CriticController(WorkerController):
         checkpoint_root). Every rank first reads its state files weights-only, changing
         nothing: a missing, corrupt or code-carrying checkpoint is FAILED_PRECONDITION and
         the critic keeps its weights."""
-        directory = checkpoint_path(self.config.checkpoint_root, path)
+        directory = checkpoint_path(self.plan.checkpoint_root, path)
         require_load_dir(directory, "critic checkpoint")
         if not (directory / DEEPSPEED_SUBDIR / DS_CHECKPOINT_TAG).is_dir():
             raise failed_precondition(

@@ -25,7 +25,7 @@ from rlserve.core.serving import (
 )
 from rlserve.core.workers import WorkerGroup
 from rlserve.critic.config import CriticServiceConfig
-from rlserve.critic.controller import CriticController, worker_kwargs
+from rlserve.critic.controller import controller_for, worker_kwargs
 from rlserve.v1 import common_pb2, critic_pb2
 
 
@@ -40,7 +40,7 @@ class CriticDeployment:
     def __init__(self, config: CriticServiceConfig):
         setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
         self.config = config
-        self.controller = CriticController(
+        self.controller = controller_for(
             config,
             WorkerGroup.for_service(
                 "rlserve.critic.worker:CriticWorker", config, worker_kwargs(config)

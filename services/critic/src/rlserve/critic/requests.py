@@ -1,5 +1,5 @@
 """Checks of ComputeValues / UpdateCritic batches, before any worker sees them, and
-what each rank is handed to train on (RankUpdate).
+what each rank is handed to train on (RankUpdate, ValueLossSettings).
 
 Every failure is an RpcError naming the field (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED
 for an oversized batch), so a bad request never reaches a model and the replica keeps
@@ -19,6 +19,14 @@ from rlserve.core.serving import invalid_argument
 from rlserve.core.validation import require_finite, require_sequences, require_tensor
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class ValueLossSettings:
+    """The clipped value loss's knobs (rlserve.core.ppo_math.value_loss), per worker."""
+
+    cliprange_value: float
+    loss_agg_mode: str
 
 
 def _response_floats(batch: Batch, key: str, like: torch.Tensor) -> torch.Tensor:

@@ -28,17 +28,10 @@ from rlserve.core.ppo_math import value_loss
 from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.serving import until_deadline
-from rlserve.core.training import (
-    DEEPSPEED_SUBDIR,
-    build_training_engine,
-    full_state_dict,
-    grad_norm,
-    load_training_checkpoint,
-    save_training_checkpoint,
-)
+from rlserve.core.training import OptimizerSettings, grad_norm
 from rlserve.critic.config import MODEL_DIR
 from rlserve.critic.model import load_value_model, response_values, save_value_model
-from rlserve.critic.requests import RankUpdate, loss_units
+from rlserve.critic.requests import RankUpdate, ValueLossSettings, loss_units
 
 
 class CriticWorker(TrainingRankWorker):
@@ -49,47 +42,24 @@ class CriticWorker(TrainingRankWorker):
         rank: int,
         world_size: int,
         setup: RankSetup,
-        zero_stage: int,
-        lr: float,
-        weight_decay: float,
-        micro_batch_samples: int,
-        grad_accum_steps: int,
-        cliprange_value: float,
-        loss_agg_mode: str,
-        grad_clip: float,
+        optimizer: OptimizerSettings,
+        loss: ValueLossSettings,
         forward_micro_batch_samples: int,
         gradient_checkpointing: bool = False,
     ):
-        super().__init__(rank, world_size, setup)
-        self.zero_stage = zero_stage
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.micro_batch_samples = micro_batch_samples
-        self.grad_accum_steps = grad_accum_steps
-        self.cliprange_value = cliprange_value
-        self.loss_agg_mode = loss_agg_mode
-        self.grad_clip = grad_clip
+        super().__init__(rank, world_size, setup, optimizer)
+        self.loss = loss
         self.forward_micro_batch_samples = forward_micro_batch_samples
         self.model = load_value_model(setup.model_path, setup.dtype).to(self.device)
         if gradient_checkpointing:
             self.model.backbone.gradient_checkpointing_enable({"use_reentrant": False})
-        self.engine: Any = None
 
     # ---- process group ----------------------------------------------------------------
 
     def init_distributed(self, address: str, port: int) -> None:
         """Joins the gloo group, then wraps the model in its DeepSpeed engine."""
         super().init_distributed(address, port)
-        self.engine = build_training_engine(
-            self.model,
-            lr=self.lr,
-            zero_stage=self.zero_stage,
-            micro_batch_samples=self.micro_batch_samples,
-            grad_accum_steps=self.grad_accum_steps,
-            grad_clip=self.grad_clip,
-            weight_decay=self.weight_decay,
-            dtype=self.dtype,
-        )
+        self._build_engine(self.model)
 
     def info(self) -> dict[str, Any]:
         """Rank, placement and model facts for GetInfo and request validation."""
@@ -134,16 +104,18 @@ class CriticWorker(TrainingRankWorker):
         the clip fraction), grad_norm and lr (equal on every rank).
         """
         self.engine.train()
-        scale = self.grad_accum_steps * self.world_size
+        micro_batch_samples = self.optimizer_settings.micro_batch_samples
+        grad_accum_steps = self.optimizer_settings.grad_accum_steps
+        scale = grad_accum_steps * self.world_size
         zero_0 = self.engine.zero_optimization_stage() == 0
         results = []
         for mini_index, mini in enumerate(work.mini_batches):
             sums = {"vf_loss": 0.0, "clipped_tokens": 0.0, "tokens": 0.0}
-            micro_batches = list(work.batch.index(mini.rows).chunk(self.micro_batch_samples))
-            if len(micro_batches) != self.grad_accum_steps:
+            micro_batches = list(work.batch.index(mini.rows).chunk(micro_batch_samples))
+            if len(micro_batches) != grad_accum_steps:
                 raise ValueError(
                     f"mini-batch slice of {len(mini.rows)} rows makes {len(micro_batches)} "
-                    f"micro-batches; the engine accumulates {self.grad_accum_steps}"
+                    f"micro-batches; the engine accumulates {grad_accum_steps}"
                 )
             with tracing.span("critic.mini_batch", index=mini_index, batch_size=len(mini.rows)):
                 for index, micro in enumerate(micro_batches):
@@ -151,7 +123,7 @@ class CriticWorker(TrainingRankWorker):
                     mask = micro.tensors["response_mask"]
                     with tracing.span("critic.forward", batch_size=len(micro)):
                         values = self._values(micro)
-                        units = loss_units(mask, self.loss_agg_mode)
+                        units = loss_units(mask, self.loss.loss_agg_mode)
                         if units == 0 or mini.global_units == 0:
                             loss = values.sum() * 0.0  # keeps every rank's collectives in step
                         else:
@@ -160,8 +132,8 @@ class CriticWorker(TrainingRankWorker):
                                 micro.tensors["values"],
                                 micro.tensors["returns"],
                                 mask,
-                                clip_range=self.cliprange_value,
-                                loss_agg_mode=self.loss_agg_mode,
+                                clip_range=self.loss.cliprange_value,
+                                loss_agg_mode=self.loss.loss_agg_mode,
                             )
                             weight = units / mini.global_units
                             loss = loss * (weight * scale)
@@ -187,12 +159,7 @@ class CriticWorker(TrainingRankWorker):
 
     def save_checkpoint(self, directory: str, client_state: dict[str, Any]) -> None:
         """model/ (safetensors, rank 0) and deepspeed/ (every rank); call on all ranks."""
-        root = Path(directory)
-        state_dict = full_state_dict(self.engine)  # a collective under ZeRO-3
+        state_dict = self.gathered_weights()
         if self.rank == 0:
-            save_value_model(self.model, state_dict, root / MODEL_DIR)
-        save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
-
-    def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        """Restores weights + optimizer from deepspeed/; returns the saved client_state."""
-        return load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)
+            save_value_model(self.model, state_dict, Path(directory) / MODEL_DIR)
+        self._save_engine_state(directory, client_state)

@@ -24,10 +24,11 @@ import time
 from typing import Any
 
 from rlserve.core.batch import Batch
+from rlserve.core.config import fields_from
 from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import Deadline, deadline_exceeded
 from rlserve.core.validation import scoring_temperature
-from rlserve.core.worker_controller import WorkerController
+from rlserve.core.worker_controller import RequestBounds, WorkerController
 from rlserve.reference.config import ReferenceServiceConfig
 
 NO_DEADLINE = Deadline()
@@ -42,12 +43,18 @@ def worker_kwargs(config: ReferenceServiceConfig) -> dict[str, Any]:
     }
 
 
+def controller_for(config: ReferenceServiceConfig, group: Any) -> "ReferenceController":
+    """The controller a service config describes, over `group`."""
+    return ReferenceController(group, fields_from(RequestBounds, config), config.temperature)
+
+
 class ReferenceController(WorkerController):
     """Dispatch of one reference service."""
 
-    def __init__(self, config: ReferenceServiceConfig, group: Any):
-        super().__init__(group, config.max_batch_samples, config.max_request_tokens)
-        self.config = config
+    def __init__(self, group: Any, bounds: RequestBounds, temperature: float):
+        super().__init__(group, bounds)
+        self.temperature = temperature
+        """Scoring temperature for batches whose meta carries none."""
 
     async def compute_ref_log_prob(
         self, batch: Batch, deadline: Deadline = NO_DEADLINE
@@ -55,7 +62,7 @@ class ReferenceController(WorkerController):
         """ref_log_probs [N, R] and timing metrics."""
         deadline.check("ComputeRefLogProb")
         clean = await self.checked_sequences(batch)
-        temperature = scoring_temperature(batch, self.config.temperature)
+        temperature = scoring_temperature(batch, self.temperature)
         remaining = deadline.remaining_s()
         start = time.perf_counter()
         try:

@@ -22,7 +22,7 @@ from rlserve.core.serving import (
 )
 from rlserve.core.workers import WorkerGroup
 from rlserve.reference.config import ReferenceServiceConfig
-from rlserve.reference.controller import ReferenceController, worker_kwargs
+from rlserve.reference.controller import controller_for, worker_kwargs
 from rlserve.v1 import common_pb2, reference_pb2
 
 
@@ -33,7 +33,7 @@ class ReferenceDeployment:
     def __init__(self, config: ReferenceServiceConfig):
         setup_replica_tracing("reference", config.tracing)  # before the workers: they inherit it
         self.config = config
-        self.controller = ReferenceController(
+        self.controller = controller_for(
             config,
             WorkerGroup.for_service(
                 "rlserve.reference.worker:ReferenceWorker", config, worker_kwargs(config)

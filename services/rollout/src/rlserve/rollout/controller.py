@@ -65,6 +65,7 @@ from rlserve.core.checkpoint_paths import (
     require_load_dir,
     save_failed,
 )
+from rlserve.core.config import fields_from
 from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger
@@ -147,7 +148,7 @@ class UpdateResult:
 class ControllerSettings:
     """Service-wide limits and training plan (plain values, built from the config)."""
 
-    model: str
+    model_path: str
     engine: str
     vocab_size: int
     max_positions: int
@@ -440,7 +441,7 @@ class RolloutController:
             # Cached: workers never move, and asking them would queue behind a long update.
             self._worker_info = await self.workers.run_all("info")
         return {
-            "model": self.settings.model,
+            "model": self.settings.model_path,
             "engine": self.settings.engine,
             "weights_version": self.weights_version,
             "last_applied_step": self.last_applied_step,
@@ -593,22 +594,6 @@ def controller_settings(
     config: RolloutServiceConfig, vocab_size: int, max_positions: int
 ) -> ControllerSettings:
     """The controller's plain settings from the service config and the model's limits."""
-    return ControllerSettings(
-        model=config.model_path,
-        engine=config.engine,
-        vocab_size=vocab_size,
-        max_positions=max_positions,
-        max_batch_samples=config.max_batch_samples,
-        max_new_tokens_limit=config.max_new_tokens_limit,
-        max_request_tokens=config.max_request_tokens,
-        ppo_epochs=config.ppo_epochs,
-        ppo_mini_batch_samples=config.ppo_mini_batch_samples,
-        use_kl_loss=config.use_kl_loss,
-        temperature=config.temperature,
-        seed=config.seed,
-        kept_update_results=config.kept_update_results,
-        worker_call_timeout_s=config.worker_call_timeout_s,
-        loss_normalizer=config.loss_normalizer,
-        serve_reference=config.serve_reference,
-        checkpoint_root=config.checkpoint_root,
+    return fields_from(
+        ControllerSettings, config, vocab_size=vocab_size, max_positions=max_positions
     )

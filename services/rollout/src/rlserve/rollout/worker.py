@@ -40,6 +40,7 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
+from rlserve.core.config import fields_from
 from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, save_adapter
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
 from rlserve.core.ppo_math import (
@@ -55,14 +56,7 @@ from rlserve.core.response_scoring import (
     score_responses,
 )
 from rlserve.core.serving import Deadline, until_deadline
-from rlserve.core.training import (
-    DEEPSPEED_SUBDIR,
-    build_training_engine,
-    full_state_dict,
-    grad_norm,
-    load_training_checkpoint,
-    save_training_checkpoint,
-)
+from rlserve.core.training import OptimizerSettings, grad_norm
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import GenerationEngine, SamplingSettings
 
@@ -94,20 +88,6 @@ def make_generation_engine(
 
         return VLLMGenerationEngine(model_path=model_path, dtype=dtype, seed=seed, **(vllm or {}))
     raise ValueError(f"engine: unknown generation engine {name!r}; use 'hf' or 'vllm'")
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """How the DeepSpeed engine trains (plain values, built from the service config)."""
-
-    lr: float
-    weight_decay: float
-    zero_stage: int
-    grad_clip: float
-    micro_batch_samples: int
-    """Rows per forward/backward pass."""
-    grad_accum_steps: int
-    """Micro-batches per optimizer step on this rank."""
 
 
 @dataclass(frozen=True)
@@ -160,33 +140,8 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
         ),
         "serve_reference": config.serve_reference,
         "vllm": config.vllm.model_dump(),
-        "optimizer": OptimizerSettings(
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            zero_stage=config.zero_stage,
-            grad_clip=config.grad_clip,
-            micro_batch_samples=config.micro_batch_samples,
-            grad_accum_steps=config.grad_accum_steps,
-        ),
-        "loss": PolicyLossSettings(
-            policy_loss=config.policy_loss,
-            clip_ratio_low=config.clip_ratio_low,
-            clip_ratio_high=config.clip_ratio_high,
-            clip_ratio_dual=config.clip_ratio_dual,
-            loss_agg_mode=config.loss_agg_mode,
-            clip_cov_fraction=config.clip_cov_fraction,
-            clip_cov_low=config.clip_cov_low,
-            clip_cov_high=config.clip_cov_high,
-            kl_cov_fraction=config.kl_cov_fraction,
-            kl_cov_coef=config.kl_cov_coef,
-            sapo_tau_pos=config.sapo_tau_pos,
-            sapo_tau_neg=config.sapo_tau_neg,
-            dppo_max_ratio=config.dppo_max_ratio,
-            entropy_coef=config.entropy_coef,
-            use_kl_loss=config.use_kl_loss,
-            kl_loss_coef=config.kl_loss_coef,
-            kl_loss_kind=config.kl_loss_kind,
-        ),
+        "optimizer": fields_from(OptimizerSettings, config),
+        "loss": fields_from(PolicyLossSettings, config),
     }
 
 
@@ -221,19 +176,18 @@ class ActorWorker(TrainingRankWorker):
         lora: LoraSettings | None = None,
         vllm: dict[str, Any] | None = None,
     ):
-        super().__init__(rank, world_size, setup)
+        super().__init__(rank, world_size, setup, optimizer)
         self.lora = lora
         self.vllm = vllm
         self.logprob_micro_batch_samples = logprob_micro_batch_samples
         self.logits_chunk_tokens = logits_chunk_tokens
         self.gradient_checkpointing = gradient_checkpointing
-        self.optimizer_settings, self.loss = optimizer, loss
+        self.loss = loss
         self.engine_name, self.seed = engine, seed
         self.tokenizer = load_tokenizer(setup.model_path)
         self.pad_token_id: int = self.tokenizer.pad_token_id
-        # Both built in init_distributed: DeepSpeed needs the process group, and vLLM
-        # would otherwise create a world-size-1 default group of its own.
-        self.engine: Any = None
+        # Built in init_distributed, like the training engine: vLLM would otherwise
+        # create a world-size-1 default group of its own.
         self.generation: GenerationEngine | None = None
         self.generation_shares_weights = False
         self.serve_reference = serve_reference
@@ -249,16 +203,7 @@ class ActorWorker(TrainingRankWorker):
             policy.gradient_checkpointing_enable({"use_reentrant": False})
         if self.lora is not None:
             policy = add_lora(policy, self.lora.rank, self.lora.alpha, self.lora.target_modules)
-        self.engine = build_training_engine(
-            policy,
-            lr=settings.lr,
-            zero_stage=settings.zero_stage,
-            micro_batch_samples=settings.micro_batch_samples,
-            grad_accum_steps=settings.grad_accum_steps,
-            grad_clip=settings.grad_clip,
-            weight_decay=settings.weight_decay,
-            dtype=self.dtype,
-        )
+        self._build_engine(policy)
         self.generation_shares_weights = (
             self.engine_name == "hf" and settings.zero_stage < 3 and self.lora is None
         )
@@ -538,7 +483,7 @@ class ActorWorker(TrainingRankWorker):
         collective under ZeRO-3: call on every rank."""
         if self.lora is not None:
             return merged_state_dict(self.engine.module)
-        return full_state_dict(self.engine)
+        return self.gathered_weights()
 
     def save_checkpoint(self, directory: str, client_state: dict[str, Any]) -> None:
         """<directory>/model (HF safetensors + tokenizer, rank 0; LoRA merged in),
@@ -553,11 +498,11 @@ class ActorWorker(TrainingRankWorker):
                 plain = plain.get_base_model()
             plain.save_pretrained(model_dir, state_dict=weights, safe_serialization=True)
             self.tokenizer.save_pretrained(model_dir)
-        save_training_checkpoint(self.engine, root / DEEPSPEED_SUBDIR, client_state)
+        self._save_engine_state(directory, client_state)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Restores weights + optimizer state, syncs the generation engine; the client_state."""
-        client_state = load_training_checkpoint(self.engine, Path(directory) / DEEPSPEED_SUBDIR)
+        client_state = super().load_checkpoint(directory)
         self._sync_generation_weights()
         return client_state
 

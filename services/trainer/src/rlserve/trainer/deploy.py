@@ -21,6 +21,7 @@ from rlserve.core.placement import (
     nodes_matching,
     serve_replicas,
 )
+from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.run_config import ActorSettings, CriticSettings, ReferenceConfig, RunConfig
 from rlserve.trainer.checkpoint import services_checkpoint_root
 
@@ -152,45 +153,9 @@ def critic_model_path(config: RunConfig, model_dir: str) -> str:
 
 
 def reward_args(config: RunConfig) -> dict[str, Any]:
-    reward = config.reward
-    if reward.kind == "rule":
-        kinds: dict[str, Any] = {
-            "rule": {
-                "rule_name": reward.rule_name,
-                "max_text_chars": reward.rule_max_text_chars,
-                "time_budget_s": reward.rule_time_budget_s,
-            }
-        }
-    elif reward.kind == "model":
-        kinds = {
-            "model": {
-                "model_path": reward.model_path,
-                "dtype": reward.model_dtype,
-                "micro_batch_samples": reward.model_micro_batch_samples,
-            }
-        }
-    else:
-        http = reward.http
-        kinds = {
-            "http": {
-                "url": http.url,
-                "timeout_s": http.timeout_s,
-                "max_concurrency": http.max_concurrency,
-                "retries": http.retries,
-                "on_failure": http.on_failure,
-                "fallback_score": http.fallback_score,
-            }
-        }
-    args: dict[str, Any] = {
-        "kinds": kinds,
-        "max_ongoing_requests": reward.max_ongoing_requests,
-        "max_batch_samples": reward.max_batch_samples,
-        "torch_threads": reward.torch_threads,
-    }
-    if reward.autoscaling is not None:
-        args["autoscaling_config"] = reward.autoscaling.model_dump()
-    elif reward.num_replicas is not None:
-        args["num_replicas"] = reward.num_replicas
+    """The run's reward section whole (its kinds, limits and scaling), plus the
+    replicas' place from the run's placement."""
+    args = settings_of(config.reward, RewardSettings)
     placed = config.placement.roles.get("reward")
     if placed is not None:
         pool = config.placement.pools[placed.pool]
