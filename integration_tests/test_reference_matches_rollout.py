@@ -40,7 +40,11 @@ def stubs(serve_cluster, tiny_model_dir):
             ),
             serve.RunTarget(
                 build_reference(
-                    {"model_path": str(tiny_model_dir), "workers": 1, "micro_batch_samples": 3}
+                    {
+                        "model_path": str(tiny_model_dir),
+                        "workers": 1,
+                        "forward_micro_batch_samples": 3,
+                    }
                 ),
                 name=REFERENCE,
                 route_prefix=f"/{REFERENCE}",

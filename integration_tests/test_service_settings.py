@@ -32,23 +32,23 @@ def test_forward_settings_reach_the_services_and_a_conflicting_run_stops(
 ):
     config = tiny_run_config(
         tmp_path,
-        actor={"logprob_micro_batch_samples": 7, "logits_chunk_tokens": 5},
+        actor={"forward_micro_batch_samples": 7, "logits_chunk_tokens": 5},
         critic={"forward_micro_batch_samples": 3},
     )
     inputs = run_inputs(embedded)
     fresh_services(config, inputs)
     rollout = _settings(serve_cluster, "rollout")
-    assert (rollout["logprob_micro_batch_samples"], rollout["logits_chunk_tokens"]) == (7, 5)
+    assert (rollout["forward_micro_batch_samples"], rollout["logits_chunk_tokens"]) == (7, 5)
     assert _settings(serve_cluster, "critic")["forward_micro_batch_samples"] == 3
 
-    other = tiny_run_config(tmp_path, actor={"logprob_micro_batch_samples": 9})
+    other = tiny_run_config(tmp_path, actor={"forward_micro_batch_samples": 9})
     with pytest.raises(ServiceSettingsConflict) as conflict:
         deploy_services(service_args(other, inputs.model_dir), timeout_s=300)
     message = str(conflict.value)
-    assert "rollout.logprob_micro_batch_samples: deployed 7, run wants 9" in message
+    assert "rollout.forward_micro_batch_samples: deployed 7, run wants 9" in message
     assert "trainer.replace_deployed_services=true" in message
     # Nothing was replaced.
-    assert _settings(serve_cluster, "rollout")["logprob_micro_batch_samples"] == 7
+    assert _settings(serve_cluster, "rollout")["forward_micro_batch_samples"] == 7
 
     deploy_services(service_args(other, inputs.model_dir), timeout_s=300, replace_different=True)
-    assert _settings(serve_cluster, "rollout")["logprob_micro_batch_samples"] == 9
+    assert _settings(serve_cluster, "rollout")["forward_micro_batch_samples"] == 9

@@ -97,7 +97,7 @@ def test_service_args_validate_in_the_service_config(role):
 def test_forward_and_memory_knobs_reach_the_workers():
     config = _config(
         actor={
-            "logprob_micro_batch_samples": 7,
+            "forward_micro_batch_samples": 7,
             "logits_chunk_tokens": 96,
             "gradient_checkpointing": True,
             "device": "cpu",
@@ -108,11 +108,11 @@ def test_forward_and_memory_knobs_reach_the_workers():
             "device": "cpu",
             "loss_agg_mode": "seq-mean-token-sum",
         },
-        reference={"micro_batch_samples": 3, "logits_chunk_tokens": 32, "device": "cpu"},
+        reference={"forward_micro_batch_samples": 3, "logits_chunk_tokens": 32, "device": "cpu"},
     )
     apps = service_args(config, "/models/policy")
     actor = actor_worker_kwargs(validate_config(RolloutServiceConfig, apps["rollout"]))
-    assert actor["logprob_micro_batch_samples"] == 7
+    assert actor["forward_micro_batch_samples"] == 7
     assert actor["logits_chunk_tokens"] == 96
     assert actor["gradient_checkpointing"] is True
     assert actor["setup"].device == "cpu"
@@ -121,7 +121,7 @@ def test_forward_and_memory_knobs_reach_the_workers():
     assert (critic["forward_micro_batch_samples"], critic["setup"].device) == (5, "cpu")
     assert critic["loss"].loss_agg_mode == "seq-mean-token-sum"
     reference = reference_worker_kwargs(validate_config(ReferenceServiceConfig, apps["reference"]))
-    assert (reference["micro_batch_samples"], reference["logits_chunk_tokens"]) == (3, 32)
+    assert (reference["forward_micro_batch_samples"], reference["logits_chunk_tokens"]) == (3, 32)
 
 
 def test_policy_loss_choice_and_knobs_reach_the_actor_worker():

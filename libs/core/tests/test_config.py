@@ -437,12 +437,15 @@ def test_section_checks_are_rooted_at_the_section():
         ("reward.model_path=/rm", "reward.kinds.model.model_path"),
         ("reward.http.url=http://x", "reward.kinds.http"),
         ("reward.autoscaling.max_replicas=3", "reward.autoscaling_config"),
+        ("actor.logprob_micro_batch_samples=8", "forward_micro_batch_samples"),
+        ("reference.micro_batch_samples=8", "forward_micro_batch_samples"),
     ],
 )
-def test_a_former_reward_key_names_its_new_place(override, place):
+def test_a_former_field_names_its_new_place(override, place):
     err = error_of(override)
-    assert err.paths == ("reward." + override.split(".")[1].split("=")[0],)
-    assert f"moved: set {place}" in str(err)
+    section, former = override.split("=")[0].split(".")[:2]
+    assert err.paths == (f"{section}.{former}",)
+    assert f"no longer a field; set {place}" in str(err)
 
 
 def test_reward_kinds_combine_and_at_least_one_is_set():

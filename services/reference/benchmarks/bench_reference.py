@@ -74,7 +74,7 @@ def main() -> None:
         "model_path": str(work / "model"),
         "workers": args.workers,
         "num_cpus_per_worker": args.threads_per_worker,  # also each worker's torch threads
-        "micro_batch_samples": 64,
+        "forward_micro_batch_samples": 64,
     }
     serve.run(build_app(config), name="reference", route_prefix="/reference")
     channel = grpc.insecure_channel(

@@ -24,7 +24,7 @@ def stub(serve_cluster, tiny_model_dir):
         args = {
             "model_path": str(tiny_model_dir),
             "workers": workers,
-            "micro_batch_samples": 2,
+            "forward_micro_batch_samples": 2,
             "max_batch_samples": 16,
         }
         targets.append(serve.RunTarget(build_app(args), name=app, route_prefix=f"/{app}"))

@@ -16,12 +16,12 @@ from rlserve.reference.controller import controller_for, worker_kwargs
 from rlserve.reference.worker import ReferenceWorker
 
 
-def make_worker(model_dir, micro_batch_samples=3):
+def make_worker(model_dir, forward_micro_batch_samples=3):
     return ReferenceWorker(
         rank=0,
         world_size=1,
         setup=RankSetup(str(model_dir)),
-        micro_batch_samples=micro_batch_samples,
+        forward_micro_batch_samples=forward_micro_batch_samples,
     )
 
 
@@ -41,8 +41,10 @@ def test_log_probs_equal_a_direct_model_computation(
 
 def test_micro_batching_does_not_change_log_probs(tiny_model_dir, make_batch):
     batch = make_batch(7, seed=2)
-    one = make_worker(tiny_model_dir, micro_batch_samples=1).compute_ref_log_prob(batch)
-    all_rows = make_worker(tiny_model_dir, micro_batch_samples=7).compute_ref_log_prob(batch)
+    one = make_worker(tiny_model_dir, forward_micro_batch_samples=1).compute_ref_log_prob(batch)
+    all_rows = make_worker(tiny_model_dir, forward_micro_batch_samples=7).compute_ref_log_prob(
+        batch
+    )
     torch.testing.assert_close(
         one.tensors["ref_log_probs"], all_rows.tensors["ref_log_probs"], atol=1e-5, rtol=0
     )
@@ -121,7 +123,7 @@ def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_ser
     """Issue 12 defect 7: a ComputeRefLogProb whose caller had given up ran on in the
     workers, and later calls queued behind it. The workers now stop at the next
     micro-batch."""
-    config = ReferenceServiceConfig(model_path=str(tiny_model_dir), micro_batch_samples=1)
+    config = ReferenceServiceConfig(model_path=str(tiny_model_dir), forward_micro_batch_samples=1)
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
     # In-process, the call blocks the event loop: only the worker itself can stop it.
     controller = controller_for(config, InProcessGroup(worker))

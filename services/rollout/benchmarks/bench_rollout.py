@@ -108,7 +108,7 @@ def main() -> None:
         "ppo_epochs": 1,
         "ppo_mini_batch_samples": samples,
         "micro_batch_samples": min(args.micro_batch_samples, samples // args.workers),
-        "logprob_micro_batch_samples": 64,
+        "forward_micro_batch_samples": 64,
         "max_batch_samples": max(4096, samples),
         "lr": 1e-5,
     }

@@ -163,7 +163,7 @@ def test_abandoned_generation_and_log_probs_stop_at_the_deadline_and_the_worker_
     assert stopped_s < full_s / 2, (stopped_s, full_s)
     assert service.generate(prompts_batch(), SAMPLING)[0]["responses"].shape == (8, 5)
 
-    monkeypatch.setattr(service.worker, "logprob_micro_batch_samples", 4)  # 128 micro-batches
+    monkeypatch.setattr(service.worker, "forward_micro_batch_samples", 4)  # 128 micro-batches
     started = time.perf_counter()
     service.compute_log_prob(batch)
     full_s = time.perf_counter() - started

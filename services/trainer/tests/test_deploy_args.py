@@ -169,14 +169,14 @@ def test_settings_differences_lists_each_changed_setting():
     deployed = {
         "rollout": {
             "import_path": IMPORT_PATHS["rollout"],
-            "args": {**wanted["rollout"], "logprob_micro_batch_samples": 4, "lr": 1.0},
+            "args": {**wanted["rollout"], "forward_micro_batch_samples": 4, "lr": 1.0},
         },
         "critic": {"import_path": IMPORT_PATHS["critic"], "args": dict(wanted["critic"])},
         "reward": {"import_path": "my.reward:app", "args": {}},
     }
     assert settings_differences(wanted, deployed) == [
-        f"rollout.logprob_micro_batch_samples: deployed 4, run wants "
-        f"{wanted['rollout']['logprob_micro_batch_samples']}",
+        f"rollout.forward_micro_batch_samples: deployed 4, run wants "
+        f"{wanted['rollout']['forward_micro_batch_samples']}",
         f"rollout.lr: deployed 1.0, run wants {wanted['rollout']['lr']}",
         f"reward: import_path 'my.reward:app', run wants '{IMPORT_PATHS['reward']}'",
     ]

@@ -33,7 +33,7 @@ import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pydantic
 import pydantic_core
@@ -69,6 +69,9 @@ class ConfigModel(pydantic.BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
     )
+    former_fields: ClassVar[Mapping[str, str]] = {}
+    """Names this section had in earlier releases -> where that setting is set now; a
+    config still using one fails naming the new place."""
 
 
 def fields_from(settings: type[D], source: object, **overrides: Any) -> D:
@@ -350,6 +353,9 @@ def _short_repr(value: Any, limit: int = 60) -> str:
 def _unknown_field_message(root: type[pydantic.BaseModel], loc: tuple) -> str:
     key, parent = str(loc[-1]), _dotted(loc[:-1])
     model = _model_at(root, loc[:-1])
+    former = getattr(model, "former_fields", {})
+    if key in former:
+        return f"no longer a field; set {former[key]} instead"
     names = list(model.model_fields) if model is not None else []
     msg = "unknown field"
     # A field of that exact name in another section beats a near miss in this one.

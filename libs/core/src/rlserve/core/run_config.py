@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -337,6 +337,10 @@ class ActorSettings(TrainingSettings):
     """The actor's training settings: every one reaches the rollout service's field of
     the same name (RolloutServiceConfig subclasses this)."""
 
+    former_fields: ClassVar[Mapping[str, str]] = {
+        "logprob_micro_batch_samples": "forward_micro_batch_samples"
+    }
+
     lr: float = Field(2e-4, gt=0)
     """Learning rate of the actor's AdamW optimizer."""
     ppo_epochs: int = Field(2, ge=1)
@@ -400,7 +404,7 @@ class ActorSettings(TrainingSettings):
     kl_loss_kind: KlKind = Field("k3", json_schema_extra=_choices(KL_KIND_NOTES))
     """KL estimator of the KL loss term (a '+' variant: the estimator's value with k2's
     gradient)."""
-    logprob_micro_batch_samples: int = Field(64, ge=1)
+    forward_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeLogProb on one worker (and of the reference
     when it is merged into the rollout)."""
     logits_chunk_tokens: int = Field(256, ge=1)
@@ -494,7 +498,11 @@ class ReferenceConfig(WorkerSettings, RequestLimits):
     runs inside the actor's workers with the actor's settings instead. Every field
     reaches the reference service's field of the same name."""
 
-    micro_batch_samples: int = Field(64, ge=1)
+    former_fields: ClassVar[Mapping[str, str]] = {
+        "micro_batch_samples": "forward_micro_batch_samples"
+    }
+
+    forward_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass on one worker."""
     logits_chunk_tokens: int = Field(256, ge=1)
     """Response tokens per LM-head chunk (peak logits memory ≈ 3 × this × vocabulary
@@ -590,32 +598,17 @@ class RewardConfig(RewardSettings):
     """How the reward service scores responses: its kinds with their weights, its limits
     and scaling (rlserve.core.reward_settings, the service's own settings)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _name_the_new_place_of_old_keys(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            issues = [
-                (key, f"moved: set {place} instead")
-                for key, place in _FORMER_REWARD_KEYS.items()
-                if key in data
-            ]
-            if issues:
-                raise ConfigError(issues)
-        return data
-
-
-# The single-kind reward section of earlier releases, key -> where it lives now.
-_FORMER_REWARD_KEYS = {
-    "kind": "reward.kinds.<kind> (rule, model or http; several may be set, each weighted)",
-    "rule_name": "reward.kinds.rule.rule_name",
-    "rule_max_text_chars": "reward.kinds.rule.max_text_chars",
-    "rule_time_budget_s": "reward.kinds.rule.time_budget_s",
-    "model_path": "reward.kinds.model.model_path (and reward.kinds.rule=null for the model alone)",
-    "model_dtype": "reward.kinds.model.dtype",
-    "model_micro_batch_samples": "reward.kinds.model.micro_batch_samples",
-    "http": "reward.kinds.http (and reward.kinds.rule=null for the API alone)",
-    "autoscaling": "reward.autoscaling_config",
-}
+    former_fields: ClassVar[Mapping[str, str]] = {
+        "kind": "reward.kinds.<kind> (rule, model or http; several may be set, each weighted)",
+        "rule_name": "reward.kinds.rule.rule_name",
+        "rule_max_text_chars": "reward.kinds.rule.max_text_chars",
+        "rule_time_budget_s": "reward.kinds.rule.time_budget_s",
+        "model_path": "reward.kinds.model.model_path (reward.kinds.rule=null for the model alone)",
+        "model_dtype": "reward.kinds.model.dtype",
+        "model_micro_batch_samples": "reward.kinds.model.micro_batch_samples",
+        "http": "reward.kinds.http (reward.kinds.rule=null for the API alone)",
+        "autoscaling": "reward.autoscaling_config",
+    }
 
 
 # --- placement --------------------------------------------------------------------------

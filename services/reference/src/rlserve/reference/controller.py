@@ -38,7 +38,7 @@ def worker_kwargs(config: ReferenceServiceConfig) -> dict[str, Any]:
     """ReferenceWorker's constructor arguments (besides rank, world_size)."""
     return {
         "setup": RankSetup.of(config),
-        "micro_batch_samples": config.micro_batch_samples,
+        "forward_micro_batch_samples": config.forward_micro_batch_samples,
         "logits_chunk_tokens": config.logits_chunk_tokens,
     }
 

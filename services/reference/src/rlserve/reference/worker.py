@@ -35,11 +35,11 @@ class ReferenceWorker(RankWorker):
         rank: int,
         world_size: int,
         setup: RankSetup,
-        micro_batch_samples: int,
+        forward_micro_batch_samples: int,
         logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ):
         super().__init__(rank, world_size, setup)
-        self.micro_batch_samples = micro_batch_samples
+        self.forward_micro_batch_samples = forward_micro_batch_samples
         self.logits_chunk_tokens = logits_chunk_tokens
         self.model = load_causal_lm(setup.model_path, setup.dtype).to(self.device).eval()
         self.model.requires_grad_(False)
@@ -61,7 +61,7 @@ class ReferenceWorker(RankWorker):
         response_len = batch.tensors["responses"].shape[1]
         chunks = []
         micro_batches = forward_micro_batches(
-            batch, self.micro_batch_samples, self.forward_max_tokens
+            batch, self.forward_micro_batch_samples, self.forward_max_tokens
         )
         for micro in until_deadline(micro_batches, deadline, "ComputeRefLogProb"):
             micro = micro.to(self.device)

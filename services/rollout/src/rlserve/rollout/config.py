@@ -2,7 +2,7 @@
 
 Batch sizes carry their unit and scope in their names: `ppo_mini_batch_samples` and
 `max_batch_samples` are global (the whole request, summed over workers);
-`micro_batch_samples` and `logprob_micro_batch_samples` are per worker. The validator
+`micro_batch_samples` and `forward_micro_batch_samples` are per worker. The validator
 checks here what would otherwise fail deep inside DeepSpeed: a mini-batch must split
 evenly over the workers and each worker's share evenly into micro-batches, so every rank
 runs the same number of backward passes per optimizer step.

@@ -130,7 +130,7 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
         "setup": RankSetup.of(config, num_threads=config.torch_threads_per_worker),
         "engine": config.engine,
         "seed": config.seed,
-        "logprob_micro_batch_samples": config.logprob_micro_batch_samples,
+        "forward_micro_batch_samples": config.forward_micro_batch_samples,
         "logits_chunk_tokens": config.logits_chunk_tokens,
         "gradient_checkpointing": config.gradient_checkpointing,
         "lora": (
@@ -167,7 +167,7 @@ class ActorWorker(TrainingRankWorker):
         setup: RankSetup,
         engine: str,
         seed: int,
-        logprob_micro_batch_samples: int,
+        forward_micro_batch_samples: int,
         optimizer: OptimizerSettings,
         loss: PolicyLossSettings,
         serve_reference: bool = False,
@@ -179,7 +179,7 @@ class ActorWorker(TrainingRankWorker):
         super().__init__(rank, world_size, setup, optimizer)
         self.lora = lora
         self.vllm = vllm
-        self.logprob_micro_batch_samples = logprob_micro_batch_samples
+        self.forward_micro_batch_samples = forward_micro_batch_samples
         self.logits_chunk_tokens = logits_chunk_tokens
         self.gradient_checkpointing = gradient_checkpointing
         self.loss = loss
@@ -340,7 +340,7 @@ class ActorWorker(TrainingRankWorker):
         """Log-probs in micro-batches; `rpc` names the call (its span and its deadline)."""
         log_probs, entropies, squares = [], [], []
         micro_batches = forward_micro_batches(
-            batch, self.logprob_micro_batch_samples, self.forward_max_tokens
+            batch, self.forward_micro_batch_samples, self.forward_max_tokens
         )
         for micro in until_deadline(micro_batches, deadline, rpc):
             micro = micro.to(self.device)
