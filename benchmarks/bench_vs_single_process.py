@@ -1,0 +1,157 @@
+"""rlserve against a single-process PPO on one small workload, interleaved in one run.
+
+The workload: the embedded tiny Llama (hidden 128, 4 layers) with random weights, 64
+prompts "a+b=" per step, 1 response each of exactly 8 new tokens, 1 PPO epoch of one
+mini-batch for actor and critic, GAE, a fixed KL penalty 0.05 in the reward, a frozen
+random reward model of the policy's shape, 20 steps, no warm-up, evaluation or
+checkpoints. The baseline is benchmarks/single_process_ppo.py (plain PyTorch +
+transformers, collector frozen). Each round runs the baseline, then `rlserve train`,
+on the same model, reward model and prompts; steady state = the steps after the first
+`--skip-steps`.
+
+    .venv/bin/python benchmarks/bench_vs_single_process.py --rounds 2
+
+Prints per round: episodes/s of each, rlserve's step split (generate, forwards,
+updates), its start-up (command start to first step) and the whole command's time;
+then the medians and rlserve / baseline.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from rlserve.core.embedded.prepare import prepare_embedded_default
+from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
+
+HERE = Path(__file__).resolve().parent
+STAGES = ("generate", "forward_wall", "advantages", "update_wall")
+
+
+def prepare_workload(root: Path, seed: int) -> tuple[Path, Path]:
+    """The policy (random tiny Llama + its tokenizer and prompts) and a random reward model."""
+    built = prepare_embedded_default(
+        root / "embedded",
+        tiny=TinyModelConfig(sft_max_steps=0, sft_target_accuracy=None),
+        task=ArithmeticTaskConfig(),
+        seed=seed,
+        max_new_tokens=8,
+        eval_prompts=500,
+    )
+    config = AutoConfig.from_pretrained(built.model_dir)
+    config.num_labels = 1
+    torch.manual_seed(seed + 1)
+    reward_model = AutoModelForSequenceClassification.from_config(config)
+    reward_dir = root / "reward_model"
+    reward_model.save_pretrained(reward_dir)
+    AutoTokenizer.from_pretrained(built.model_dir).save_pretrained(reward_dir)
+    return built.model_dir, reward_dir
+
+
+def run_baseline(model_dir: Path, reward_dir: Path, prompts: Path, args) -> dict:
+    command = [
+        sys.executable,
+        str(HERE / "single_process_ppo.py"),
+        f"--model={model_dir}",
+        f"--reward-model={reward_dir}",
+        f"--prompts-file={prompts}",
+        f"--steps={args.steps}",
+        f"--skip-steps={args.skip_steps}",
+    ]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_rlserve(model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Path, args) -> dict:
+    overrides = [
+        f"model.path={model_dir}",
+        f"data.train_path={prompts}",
+        "reward.kinds.rule=null",
+        f"reward.kinds.model.model_path={reward_dir}",
+        "trainer.prompts_per_step=64",
+        "rollout.responses_per_prompt=1",
+        "rollout.max_new_tokens=8",
+        "rollout.ignore_eos=true",
+        "rollout.eval_every_steps=0",
+        "actor.ppo_epochs=1",
+        "actor.ppo_mini_batch_prompts=64",
+        "critic.ppo_epochs=1",
+        "critic.ppo_mini_batch_prompts=64",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+        f"trainer.total_steps={args.steps}",
+        "trainer.checkpoint_every_steps=0",
+        f"trainer.run_dir={run_parent}",
+        *args.overrides,
+    ]
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    command_s = time.perf_counter() - started
+    (run_dir,) = [p for p in run_parent.iterdir() if p.is_dir()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    steps = [r for r in records if "time/step_s" in r]
+    counted = steps[args.skip_steps :]
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in counted if key in r)
+
+    step_s = mean("time/step_s")
+    phases = json.loads((run_dir / "summary.json").read_text())["phases_s"]
+    before_steps = list(phases)[: list(phases).index("ppo_steps")]
+    return {
+        "episodes_per_s": 64 / step_s,
+        "mean_step_s": step_s,
+        "stages_s": {stage: mean(f"time/{stage}_s") for stage in STAGES},
+        "command_s": command_s,
+        "startup_phases_s": {name: phases[name] for name in before_steps},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--skip-steps", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", help="extra section.field=value for rlserve")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-vs-single-"))
+    model_dir, reward_dir = prepare_workload(root, args.seed)
+    prompts = model_dir.parent / "data" / "train.jsonl"
+    ours, baseline = [], []
+    for round_index in range(args.rounds):
+        baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
+        run_parent = root / f"runs{round_index}"
+        ours.append(run_rlserve(model_dir, reward_dir, prompts, run_parent, args))
+        base, mine = baseline[-1], ours[-1]
+        stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
+        startup = mine["startup_phases_s"]
+        phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+        print(
+            f"round {round_index}: single process {base['episodes_per_s']:6.1f} eps/s "
+            f"({base['mean_step_s']:.3f} s/step) | rlserve {mine['episodes_per_s']:6.1f} eps/s "
+            f"({mine['mean_step_s']:.3f} s/step: {stages})\n"
+            f"  rlserve start-up {sum(v for k, v in startup.items() if '/' not in k):.1f} s "
+            f"({phases}); whole command {mine['command_s']:.1f} s",
+            flush=True,
+        )
+    base_eps = statistics.median(b["episodes_per_s"] for b in baseline)
+    our_eps = statistics.median(o["episodes_per_s"] for o in ours)
+    print(
+        f"median of {args.rounds} rounds: single process {base_eps:.1f} eps/s, rlserve "
+        f"{our_eps:.1f} eps/s, rlserve / single process = {our_eps / base_eps:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
