@@ -137,9 +137,11 @@ def main() -> None:
         stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
         startup = mine["startup_phases_s"]
         phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+        base_stages = "  ".join(f"{k} {v:.3f}" for k, v in base["stages_s"].items())
         print(
             f"round {round_index}: single process {base['episodes_per_s']:6.1f} eps/s "
-            f"({base['mean_step_s']:.3f} s/step) | rlserve {mine['episodes_per_s']:6.1f} eps/s "
+            f"({base['mean_step_s']:.3f} s/step: {base_stages})\n"
+            f"  rlserve {mine['episodes_per_s']:6.1f} eps/s "
             f"({mine['mean_step_s']:.3f} s/step: {stages})\n"
             f"  rlserve start-up {sum(v for k, v in startup.items() if '/' not in k):.1f} s "
             f"({phases}); whole command {mine['command_s']:.1f} s",

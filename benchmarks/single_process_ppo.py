@@ -15,8 +15,8 @@ models and prompts; alone:
     .venv/bin/python benchmarks/single_process_ppo.py --model DIR --reward-model DIR \
         --prompts-file train.jsonl --steps 20
 
-Prints one JSON line: step_s per step and episodes_per_s over the steps after the first
-`--skip-steps`.
+Prints one JSON line: step_s per step, and episodes_per_s and the mean of each stage
+(generate, forwards, advantages, updates) over the steps after the first `--skip-steps`.
 """
 
 import argparse
@@ -91,7 +91,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # what TRL's users do: the collector's pauses otherwise dominate
 
-    step_times = []
+    step_times, stage_times = [], []
     for step in range(args.steps):
         started = time.perf_counter()
         batch = prompts[step * n % len(prompts) :][:n]
@@ -106,16 +106,19 @@ def main() -> None:
                 min_new_tokens=r,
                 pad_token_id=tokenizer.pad_token_id,
             )
+            generated = time.perf_counter()
             mask = torch.cat([enc.attention_mask, torch.ones(len(ids), r, dtype=torch.long)], 1)
             old_logp = token_log_probs(policy, ids, mask, r)
             ref_logp = token_log_probs(reference, ids, mask, r)
             critic.eval()
             old_values = critic(ids, mask, r)
             score = reward_model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+        scored = time.perf_counter()
         rewards = -args.kl_coef * (old_logp - ref_logp)
         rewards[:, -1] += score
         advantages, returns = gae(rewards, old_values)
 
+        estimated = time.perf_counter()
         policy.train()
         logp = token_log_probs(policy, ids, mask, r)
         ratio = torch.exp(logp - old_logp)
@@ -141,6 +144,14 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
         critic_opt.step()
         step_times.append(time.perf_counter() - started)
+        stage_times.append(
+            {
+                "generate": generated - started,
+                "forwards": scored - generated,
+                "advantages": estimated - scored,
+                "updates": step_times[-1] - (estimated - started),
+            }
+        )
 
     counted = step_times[args.skip_steps :]
     print(
@@ -148,6 +159,10 @@ def main() -> None:
             {
                 "step_s": [round(t, 4) for t in step_times],
                 "mean_step_s": statistics.fmean(counted),
+                "stages_s": {
+                    stage: statistics.fmean(t[stage] for t in stage_times[args.skip_steps :])
+                    for stage in stage_times[0]
+                },
                 "episodes_per_s": n / statistics.fmean(counted),
                 "torch_threads": torch.get_num_threads(),
             }

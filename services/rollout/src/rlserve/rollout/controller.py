@@ -571,13 +571,14 @@ def with_mini_batch_counts(shares: list[Batch], share_rows: int) -> list[Batch]:
 
 
 def batch_fingerprint(batch: Batch) -> str:
-    """sha256 of a batch's tensors (name, dtype, shape, bytes) and non-tensors; meta ignored."""
+    """sha256 of a batch's tensors (name, dtype, shape, bytes) and non-tensors; meta ignored.
+    Hashes the tensors' own memory (a buffer view), never a copy of it."""
     digest = hashlib.sha256()
     for key in sorted(batch.tensors):
         tensor = batch.tensors[key].detach().to("cpu").contiguous()
         digest.update(f"{key}|{tensor.dtype}|{list(tensor.shape)}|".encode())
         if tensor.numel():
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
     for key in sorted(batch.non_tensors):
         digest.update(f"{key}|{batch.non_tensors[key]!r}|".encode())
     return digest.hexdigest()
