@@ -1,5 +1,6 @@
 """Tests for rlserve.core.batch.Batch (CPU only, fast)."""
 
+import pickle
 import random
 
 import pytest
@@ -279,6 +280,19 @@ def test_split_collect_round_trip(size, n_chunks):
         padded = Batch.concat(chunks)
         assert padded["idx"] == [i % size for i in range(size + pad_count)]
     assert_same(Batch.collect(chunks, pad_count), b)
+
+
+def test_compacted_chunks_own_only_their_rows():
+    batch = Batch(tensors={"x": torch.randn(40, 50), "ids": torch.arange(40)}, meta={"m": 1})
+    chunks, _ = batch.split(4)
+    whole = pickle.dumps(chunks[1].tensors["x"])
+    compact = chunks[1].compacted()
+    assert_same(compact, chunks[1])
+    assert compact.tensors["x"].untyped_storage().nbytes() == 10 * 50 * 4
+    assert len(pickle.dumps(compact.tensors["x"])) < len(whole) / 3
+    assert batch.compacted().tensors["x"] is batch.tensors["x"]  # owns its bytes: kept
+    transposed = Batch(tensors={"x": torch.randn(5, 5).t()})
+    assert transposed.compacted().tensors["x"].is_contiguous()
 
 
 def test_split_pads_small_batch_with_first_rows():

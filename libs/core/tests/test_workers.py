@@ -45,6 +45,11 @@ class RankWorker:
     def echo(self, item):
         return (self.rank, item)
 
+    def received_bytes(self, batch: Batch) -> Batch:
+        """The bytes of storage behind the batch this rank was sent."""
+        held = torch.tensor([batch["x"].untyped_storage().nbytes()])
+        return Batch(tensors={"held": held.expand(len(batch)).contiguous()})
+
     def process_facts(self) -> dict:
         import os
 
@@ -69,6 +74,13 @@ def group(serve_cluster):
 
 def test_ranks_form_one_process_group(group):
     assert asyncio.run(group.run_all("rank_sum")) == [3, 3, 3]
+
+
+def test_each_rank_is_sent_its_own_rows_only(group):
+    """A chunk of a split is a view; pickled as one, it would carry the whole batch."""
+    batch = Batch(tensors={"x": torch.zeros(300, 1000)})
+    held = asyncio.run(group.run_split("received_bytes", batch))["held"]
+    assert held.tolist() == [100 * 1000 * 4] * 300
 
 
 @pytest.mark.parametrize("rows", [1, 3, 7, 9])

@@ -332,6 +332,17 @@ class Batch:
             return batch
         return batch.index(slice(0, len(batch) - pad_count))
 
+    def compacted(self) -> Batch:
+        """This batch with every tensor owning exactly its bytes: a tensor that views a
+        larger storage (a chunk of `split`, say) is copied, others are kept. Pickling,
+        Ray's transport, ships a view's whole storage, so a chunk sent to one worker as
+        a view would carry every worker's rows."""
+        return Batch(
+            tensors={key: _owning(t) for key, t in self.tensors.items()},
+            non_tensors=self.non_tensors,
+            meta=self.meta,
+        )
+
     def chunk(self, max_rows: int) -> Iterator[Batch]:
         """Yield consecutive micro-batches of at most `max_rows` rows (views, no padding).
 
@@ -386,3 +397,10 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.is_floating_point() or a.is_complex():
         return torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
     return torch.equal(a, b)
+
+
+def _owning(tensor: torch.Tensor) -> torch.Tensor:
+    viewed_bytes = tensor.numel() * tensor.element_size()
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == viewed_bytes:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
