@@ -282,17 +282,28 @@ def test_split_collect_round_trip(size, n_chunks):
     assert_same(Batch.collect(chunks, pad_count), b)
 
 
-def test_compacted_chunks_own_only_their_rows():
-    batch = Batch(tensors={"x": torch.randn(40, 50), "ids": torch.arange(40)}, meta={"m": 1})
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_a_pickled_chunk_carries_only_its_rows_and_comes_back_owned(dtype):
+    batch = Batch(
+        tensors={"x": torch.randn(40, 500).to(dtype), "ids": torch.arange(40)},
+        non_tensors={"text": [str(i) for i in range(40)]},
+        meta={"m": 1},
+    )
     chunks, _ = batch.split(4)
-    whole = pickle.dumps(chunks[1].tensors["x"])
-    compact = chunks[1].compacted()
-    assert_same(compact, chunks[1])
-    assert compact.tensors["x"].untyped_storage().nbytes() == 10 * 50 * 4
-    assert len(pickle.dumps(compact.tensors["x"])) < len(whole) / 3
-    assert batch.compacted().tensors["x"] is batch.tensors["x"]  # owns its bytes: kept
-    transposed = Batch(tensors={"x": torch.randn(5, 5).t()})
-    assert transposed.compacted().tensors["x"].is_contiguous()
+    pickled = pickle.dumps(chunks[1], protocol=5)
+    as_torch_pickles_it = pickle.dumps(chunks[1].tensors["x"], protocol=5)
+    assert len(pickled) < len(as_torch_pickles_it) / 3  # not the whole storage
+    restored = pickle.loads(pickled)
+    assert_same(restored, chunks[1])
+    restored.tensors["x"].zero_()  # owned and writable: the original is untouched
+    assert torch.equal(chunks[1].tensors["x"], batch.tensors["x"][10:20])
+
+
+def test_a_pickled_batch_keeps_shapes_of_empty_and_multi_dim_tensors():
+    batch = Batch(tensors={"a": torch.zeros(0, 3), "b": torch.ones(0, 2, 2).transpose(1, 2)})
+    assert_same(pickle.loads(pickle.dumps(batch)), batch)
+    cube = Batch(tensors={"c": torch.arange(24.0).reshape(2, 3, 4).transpose(1, 2)})
+    assert_same(pickle.loads(pickle.dumps(cube, protocol=5)), cube)
 
 
 def test_split_pads_small_batch_with_first_rows():

@@ -21,6 +21,11 @@ It plays the role of VeRL's `DataProto`, with these choices:
   empty chunks (pad count 0) rather than raising, so callers need no special case.
 - Batch size is read from the fields; a batch without per-sample fields (meta only)
   has size 0 and can be merged by `union` into a batch of any size.
+- Pickled (Ray's transport to and from workers), each tensor travels as a numpy byte
+  view of its own elements, which pickle protocol 5 hands over out of band: Ray writes
+  it into its object store once, a view ships only its rows (a chunk of `split` does
+  not carry the whole storage, as a pickled torch tensor would), and the receiver makes
+  one copy it owns, so a tensor never aliases read-only shared memory.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 # Types allowed as non-tensor values and as meta values (JSON-like scalars).
@@ -62,6 +68,13 @@ class Batch:
         }
         self.meta: dict[str, Any] = dict(meta or {})
         self._batch_size = self._validate()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _unpickle_batch, (
+            {key: _tensor_parts(t) for key, t in self.tensors.items()},
+            self.non_tensors,
+            self.meta,
+        )
 
     def _validate(self) -> int:
         """Check types and sizes; return the batch size."""
@@ -332,17 +345,6 @@ class Batch:
             return batch
         return batch.index(slice(0, len(batch) - pad_count))
 
-    def compacted(self) -> Batch:
-        """This batch with every tensor owning exactly its bytes: a tensor that views a
-        larger storage (a chunk of `split`, say) is copied, others are kept. Pickling,
-        Ray's transport, ships a view's whole storage, so a chunk sent to one worker as
-        a view would carry every worker's rows."""
-        return Batch(
-            tensors={key: _owning(t) for key, t in self.tensors.items()},
-            non_tensors=self.non_tensors,
-            meta=self.meta,
-        )
-
     def chunk(self, max_rows: int) -> Iterator[Batch]:
         """Yield consecutive micro-batches of at most `max_rows` rows (views, no padding).
 
@@ -399,8 +401,23 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def _owning(tensor: torch.Tensor) -> torch.Tensor:
-    viewed_bytes = tensor.numel() * tensor.element_size()
-    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == viewed_bytes:
-        return tensor
-    return tensor.clone(memory_format=torch.contiguous_format)
+def _tensor_parts(tensor: torch.Tensor) -> tuple[np.ndarray, str, tuple[int, ...], str]:
+    """(its elements as a uint8 array viewing the tensor's memory, dtype, shape, device);
+    numpy cannot hold bfloat16, bytes can."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    return flat.view(torch.uint8).numpy(), dtype, tuple(tensor.shape), str(tensor.device)
+
+
+def _unpickle_batch(
+    parts: dict[str, tuple[np.ndarray, str, tuple[int, ...], str]],
+    non_tensors: dict[str, list[Any]],
+    meta: dict[str, Any],
+) -> Batch:
+    tensors = {}
+    for key, (data, dtype, shape, device) in parts.items():
+        # A buffer Ray read from its object store is read-only shared memory: copy it.
+        owned = data if data.flags.writeable and data.base is None else data.copy()
+        flat = torch.from_numpy(owned).view(getattr(torch, dtype))
+        tensors[key] = flat.reshape(shape).to(device)
+    return Batch(tensors, non_tensors, meta)

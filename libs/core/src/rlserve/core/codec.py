@@ -1,11 +1,11 @@
 """The one codec between torch tensors / Batches and their protobuf wire form.
 
 Tensor bytes are little-endian, C order (rlserve.v1.Tensor). Encoding a CPU tensor
-copies its bytes three times: `tobytes` (protobuf needs a `bytes`), into the message
-(upb keeps its own copy) and, in `batch_to_proto`, into the batch's map entry
-(`CopyFrom`); a GPU or non-contiguous tensor adds the copies of `.to("cpu")` and
-`.contiguous()`. The finished message holds one copy; the others are freed as it is
-built. Decoding a parsed message costs one copy: upb builds a fresh `bytes` on every
+copies its bytes twice: `tobytes` (protobuf needs a `bytes`) and into the message (upb
+keeps its own copy; `batch_to_proto` writes each tensor straight into its map entry, so
+no third copy by `CopyFrom`); a GPU or non-contiguous tensor adds the copies of
+`.to("cpu")` and `.contiguous()`. The finished message holds one copy; the other is
+freed as it is built. Decoding a parsed message costs one copy: upb builds a fresh `bytes` on every
 field access, and `torch.frombuffer` wraps it without another, so it belongs to the
 decoded tensor alone and may be written through it.
 
@@ -53,6 +53,14 @@ class CodecError(ValueError):
 
 def tensor_to_proto(tensor: torch.Tensor, name: str = "tensor") -> common_pb2.Tensor:
     """Encodes a tensor (any device, any strides) as rlserve.v1.Tensor."""
+    message = common_pb2.Tensor()
+    _fill_tensor(message, tensor, name)
+    return message
+
+
+def _fill_tensor(message: common_pb2.Tensor, tensor: torch.Tensor, name: str) -> None:
+    """Writes `tensor` into an empty `message` in place (a map entry of a Batch, say: no
+    CopyFrom of a finished message, which would copy the bytes once more)."""
     code = _PROTO_BY_TORCH.get(tensor.dtype)
     if code is None:
         raise CodecError(
@@ -60,9 +68,10 @@ def tensor_to_proto(tensor: torch.Tensor, name: str = "tensor") -> common_pb2.Te
             f"use one of {[str(d) for d in SUPPORTED_DTYPES]}"
         )
     flat = tensor.detach().to("cpu").contiguous()
+    message.dtype = code
+    message.shape.extend(flat.shape)
     # Viewing as bytes covers bfloat16, which numpy cannot represent.
-    raw = flat.reshape(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return common_pb2.Tensor(dtype=code, shape=list(flat.shape), data=raw)
+    message.data = flat.reshape(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
 def tensor_from_proto(message: common_pb2.Tensor, name: str = "tensor") -> torch.Tensor:
@@ -130,7 +139,7 @@ def batch_to_proto(batch: Batch) -> common_pb2.Batch:
     """Encodes a Batch. Non-tensor numbers travel as doubles (JSON semantics)."""
     message = common_pb2.Batch()
     for key, tensor in batch.tensors.items():
-        message.tensors[key].CopyFrom(tensor_to_proto(tensor, name=f"tensors[{key!r}]"))
+        _fill_tensor(message.tensors[key], tensor, f"tensors[{key!r}]")
     for key, column in batch.non_tensors.items():
         values = message.non_tensors[key].values
         for row, value in enumerate(column):

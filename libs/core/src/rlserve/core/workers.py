@@ -311,9 +311,9 @@ class WorkerGroup:
 
     async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
         """Splits `batch` across ranks (padding to equal shares), runs, collects in order.
-        Each rank is sent its own rows only (Batch.compacted)."""
+        Each rank is sent its own rows only (a Batch pickles its views' own bytes)."""
         chunks, pad_count = batch.split(len(self.workers))
-        results = await self.run_each(method, [chunk.compacted() for chunk in chunks], **kwargs)
+        results = await self.run_each(method, chunks, **kwargs)
         return Batch.collect(results, pad_count)
 
     async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list[Any]:

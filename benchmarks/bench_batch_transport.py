@@ -1,0 +1,110 @@
+"""How fast a large batch moves on each hop, next to Ray's own object transfer.
+
+One 64 MiB float32 batch (`--mib`), in one run on a private local Ray:
+
+- wire codec (trainer -> service): batch_to_proto + SerializeToString on the sending
+  side, FromString + batch_from_proto on the receiving side (what the gRPC hop adds
+  besides the socket), in process;
+- service -> workers: `WorkerGroup.run_split` to 1 and to 2 worker processes that
+  answer with their row count (each rank is sent its rows only);
+- the reference: `ray.put` of the same bytes and a worker process `ray.get`-ing them.
+
+Each figure is GB/s of the batch's bytes over the median of `--repeats` timed calls
+after one warm-up; the Ray figures are printed with their ratio to `ray.put/get`.
+
+    .venv/bin/python benchmarks/bench_batch_transport.py [--mib 64] [--repeats 5]
+"""
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import ray
+import torch
+
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.workers import WorkerGroup
+from rlserve.v1 import common_pb2
+
+
+class RowCounter:
+    """A rank that only looks at what it was sent."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+
+    def node_address(self):
+        return ("127.0.0.1", 0)
+
+    def init_distributed(self, address, port):
+        pass
+
+    def rows(self, batch: Batch) -> Batch:
+        return Batch(tensors={"rows": torch.full((len(batch),), len(batch))})
+
+
+@ray.remote(num_cpus=0)
+class Getter:
+    def nbytes(self, wrapped: list) -> int:
+        return len(memoryview(ray.get(wrapped[0])).cast("B"))
+
+
+def median_s(work, repeats: int) -> float:
+    work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows = args.mib * 2**20 // (4 * 4096)
+    batch = Batch(tensors={"x": torch.randn(rows, 4096)})
+    gigabytes = rows * 4096 * 4 / 1e9
+    results: dict[str, float] = {}
+
+    def encode() -> bytes:
+        return batch_to_proto(batch).SerializeToString()
+
+    wire = encode()
+    results["codec encode (send side)"] = median_s(encode, args.repeats)
+    results["codec decode (receive side)"] = median_s(
+        lambda: batch_from_proto(common_pb2.Batch.FromString(wire)), args.repeats
+    )
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        getter = Getter.remote()
+        ray.get(getter.nbytes.remote([ray.put(b"")]))
+        array = batch.tensors["x"].numpy()
+        results["ray.put + ray.get"] = median_s(
+            lambda: ray.get(getter.nbytes.remote([ray.put(array)])), args.repeats
+        )
+        for workers in (1, 2):
+            group = WorkerGroup(RowCounter, workers, {}, num_cpus_per_worker=0.5)
+            try:
+                results[f"run_split to {workers} worker(s)"] = median_s(
+                    lambda group=group: asyncio.run(group.run_split("rows", batch)), args.repeats
+                )
+            finally:
+                group.shutdown()
+    finally:
+        ray.shutdown()
+
+    reference = results["ray.put + ray.get"]
+    print(f"{args.mib} MiB batch ({rows} rows x 4096 float32), median of {args.repeats}")
+    for name, seconds in results.items():
+        ratio = f"  ({reference / seconds:.2f}x ray.put/get)" if "worker" in name else ""
+        print(f"  {name:<30}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
+
+
+if __name__ == "__main__":
+    main()
