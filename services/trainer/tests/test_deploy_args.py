@@ -186,3 +186,16 @@ def test_settings_differences_lists_each_changed_setting():
         "critic.extra_knob: deployed 1, run wants '<unset>'"
     ]
     assert settings_differences(wanted, {}) == []
+
+
+def test_settings_differences_never_print_a_secret():
+    from rlserve.trainer.deploy import IMPORT_PATHS, settings_differences
+
+    def reward_with(token):
+        kinds = {"http": {"url": "http://api", "headers": {"Authorization": token}}}
+        return service_args(_config(reward={"kinds": kinds}), "/m")["reward"]
+
+    deployed = {"reward": {"import_path": IMPORT_PATHS["reward"], "args": reward_with("old")}}
+    (line,) = settings_differences({"reward": reward_with("Bearer s3cret")}, deployed)
+    assert line.startswith("reward.kinds: deployed ") and "<redacted>" in line
+    assert "s3cret" not in line and "old" not in line

@@ -49,6 +49,8 @@ __all__ = [
     "dump_config",
     "fields_from",
     "load_config",
+    "redacted_values",
+    "secret_field_names",
     "settings_json",
     "validate_config",
 ]
@@ -283,6 +285,29 @@ def settings_json(model: ConfigModel) -> str:
     import json
 
     return json.dumps(_redacted(model), sort_keys=True)
+
+
+def secret_field_names(model_cls: type[pydantic.BaseModel]) -> frozenset[str]:
+    """Names of the fields marked SECRET anywhere in `model_cls`'s tree (e.g. "headers"),
+    for hiding them in plain data made from such a model (a Serve app's args)."""
+    return frozenset(
+        path.rsplit(".", 1)[-1]
+        for path, field in _walk_fields(model_cls)
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("secret")
+    )
+
+
+def redacted_values(value: Any, secret_names: frozenset[str]) -> Any:
+    """Plain data with every non-empty entry named in `secret_names` replaced by
+    REDACTED, at any depth."""
+    if isinstance(value, Mapping):
+        return {
+            key: REDACTED if key in secret_names and item else redacted_values(item, secret_names)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redacted_values(item, secret_names) for item in value]
+    return value
 
 
 def _redacted(value: Any) -> Any:

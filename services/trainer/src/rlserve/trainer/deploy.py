@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.serve.schema import ServeDeploySchema
 
-from rlserve.core.config import ConfigModel
+from rlserve.core.config import ConfigModel, redacted_values, secret_field_names
 from rlserve.core.placement import (
     PlacementError,
     WorkerPlacementConfig,
@@ -36,6 +36,8 @@ IMPORT_PATHS = {
     "reference": "rlserve.reference.app:build_app",
     "reward": "rlserve.reward.app:build_app",
 }
+# Fields a run sets that must not be printed (the run's args carry them in plain data).
+SECRET_FIELDS = secret_field_names(RunConfig)
 
 
 def settings_of(section: ConfigModel, settings: type[ConfigModel]) -> dict[str, Any]:
@@ -224,10 +226,12 @@ def settings_differences(
         current = entry.get("args") or {}
         for key in sorted(set(args) | set(current)):
             if current.get(key, "<unset>") != args.get(key, "<unset>"):
-                lines.append(
-                    f"{role}.{key}: deployed {current.get(key, '<unset>')!r}, "
-                    f"run wants {args.get(key, '<unset>')!r}"
+                # printed and raised: a secret (an HTTP kind's headers) shows as redacted
+                was, wants = (
+                    redacted_values(side.get(key, "<unset>"), SECRET_FIELDS)
+                    for side in (current, args)
                 )
+                lines.append(f"{role}.{key}: deployed {was!r}, run wants {wants!r}")
     return lines
 
 
