@@ -224,8 +224,16 @@ def test_grpo_passk_through_the_services(serve_cluster, embedded, tmp_path):
         assert math.isfinite(record["actor/pg_loss"])
 
 
-def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, embedded, tmp_path):
-    config = tiny_run_config(tmp_path, trainer={"total_steps": 4, "checkpoint_every_steps": 2})
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(
+    serve_cluster, embedded, tmp_path, mode
+):
+    """one_step_off: step 3 trains on the generation step 2's checkpoint kept."""
+    config = tiny_run_config(
+        tmp_path,
+        trainer={"total_steps": 4, "checkpoint_every_steps": 2},
+        rollout={"mode": mode},
+    )
     inputs = run_inputs(embedded)
     fresh_services(config, inputs)
     uninterrupted = tmp_path / "uninterrupted"
@@ -250,6 +258,10 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(serve_cluster, em
     expected, got = steps_3_4(uninterrupted), steps_3_4(resumed)
     assert len(expected) == len(got) == 2
     assert_same_step_metrics(expected, got)
+    staleness = [
+        r["staleness"] for r in read_metrics(uninterrupted / "metrics.jsonl") if "staleness" in r
+    ]
+    assert staleness == ([0.0] * 4 if mode == "sync" else [0.0, 1.0, 1.0, 1.0])
 
 
 def test_a_retried_update_is_not_applied_twice(serve_cluster, embedded, tmp_path):

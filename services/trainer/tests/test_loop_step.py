@@ -19,6 +19,7 @@ from rlserve.core.config import validate_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.ppo_math import grpo_advantages
 from rlserve.core.run_config import RunConfig
+from rlserve.trainer.checkpoint import read_trainer_state
 from rlserve.trainer.data import PromptRow
 from rlserve.trainer.loop import Clients, PPOTrainer
 from rlserve.v1 import critic_pb2, reference_pb2, reward_pb2, rollout_pb2
@@ -225,3 +226,87 @@ def test_gdpo_asks_the_reward_kinds_once(tokenizer, tmp_path):
     # one kind: GRPO's ±0.707 per group, then whitened over the 12 tokens -> ±1 (× n/(n-1))
     assert advantages[0, 0] > 0 > advantages[1, 0]
     assert float(advantages.mean()) == pytest.approx(0.0, abs=1e-6)
+
+
+def _one_step_off_trainer(tokenizer, tmp_path, total_steps: int) -> PPOTrainer:
+    config = validate_config(
+        RunConfig,
+        {
+            "rollout": {"max_new_tokens": 3, "mode": "one_step_off"},
+            "actor": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
+            "critic": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
+            "trainer": {
+                "prompts_per_step": 2,
+                "total_steps": total_steps,
+                "run_dir": str(tmp_path),
+            },
+        },
+    )
+    clients = fake_clients(critic=True, reference=True)
+    clients.rollout.handlers.update(
+        SaveCheckpoint=lambda _: rollout_pb2.RolloutServiceSaveCheckpointResponse(),
+        LoadCheckpoint=lambda _: rollout_pb2.RolloutServiceLoadCheckpointResponse(
+            weights_version=1
+        ),
+    )
+    clients.critic.handlers.update(
+        SaveCheckpoint=lambda _: critic_pb2.CriticServiceSaveCheckpointResponse(),
+        LoadCheckpoint=lambda _: critic_pb2.CriticServiceLoadCheckpointResponse(),
+    )
+    rows = [PromptRow(f"{a}+{a}=", str(2 * a)) for a in range(1, 9)]
+    return PPOTrainer(config, clients, tokenizer, rows, rows[:2], tmp_path)
+
+
+def test_one_step_off_generates_the_next_batch_before_the_update(tokenizer, tmp_path):
+    trainer = _one_step_off_trainer(tokenizer, tmp_path, total_steps=2)
+
+    async def two_steps():
+        return [await trainer.run_step() for _ in range(2)]
+
+    first, second = asyncio.run(two_steps())
+    rollout = trainer.clients.rollout
+    # step 2's generation is asked for before step 1's update and not again in step 2;
+    # the last step asks for none
+    assert [rpc for rpc, _ in rollout.requests if rpc != "ComputeLogProb"] == [
+        "GenerateSequences",
+        "GenerateSequences",
+        "UpdateActor",
+        "UpdateActor",
+    ]
+    generations = rollout.sent("GenerateSequences")
+    assert [g.expected_weights_version for g in generations] == [0, 0]
+    assert all(g.return_log_probs for g in generations)  # for the correction
+    assert generations[1].sampling.seed == generations[0].sampling.seed + 1
+    assert [u.weights_version for u in rollout.sent("UpdateActor")] == [0, 1]
+    assert (first["staleness"], second["staleness"]) == (0.0, 1.0)
+    # the correction is on without algorithm.rollout_is_cap: π_old/π_rollout = e^0.1
+    weight = math.exp(POLICY_LOG_PROB - ENGINE_LOG_PROB)
+    assert second["rollout_is/is_weight_mean"] == pytest.approx(weight)
+
+
+def test_one_step_off_checkpoint_keeps_the_next_generation(tokenizer, tmp_path):
+    original = _one_step_off_trainer(tokenizer, tmp_path, total_steps=3)
+
+    async def step_and_save():
+        await original.run_step()
+        return await original.save_checkpoint()
+
+    directory = asyncio.run(step_and_save())
+    (generated_early,) = original.clients.rollout.sent("GenerateSequences")[1:]
+    restored = _one_step_off_trainer(tokenizer, tmp_path, total_steps=3)
+
+    async def load_and_step():
+        await restored.load_checkpoint(directory, read_trainer_state(directory))
+        return await restored.run_step()
+
+    metrics = asyncio.run(load_and_step())
+    # step 2 trains on the saved generation (version 0, staleness 1) and asks only for
+    # step 3's, from the prompts after it
+    (asked,) = restored.clients.rollout.sent("GenerateSequences")
+    assert metrics["staleness"] == 1.0
+    assert asked.sampling.seed == generated_early.sampling.seed + 1
+    assert batch_from_proto(asked.prompts)["input_ids"].tolist() != batch_from_proto(
+        generated_early.prompts
+    )["input_ids"].tolist()
+    (update,) = restored.clients.rollout.sent("UpdateActor")
+    assert (update.step, update.weights_version) == (1, 1)

@@ -82,6 +82,10 @@ EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_def
 
 EMBEDDED_GRPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_grpo.yaml"
 EMBEDDED_DAPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_dapo.yaml"
+
+ONE_STEP_OFF_IS_CAP = 2.0
+"""The rollout correction's cap when rollout.mode is one_step_off and
+algorithm.rollout_is_cap is null."""
 """GRPO's recipe for the embedded default: the settings it changes, and why (the one
 copy: README, tests and benchmarks load this file)."""
 
@@ -268,6 +272,14 @@ class RolloutConfig(ConfigModel):
     workloads for benchmarks); greedy evaluation stops at EOS regardless."""
     workers: int = Field(1, ge=1)
     """Data-parallel generation workers; a request is split (and padded) across them."""
+    mode: Literal["sync", "one_step_off"] = "sync"
+    """'sync': every step generates with the weights it then trains (metric staleness 0).
+    'one_step_off': step t+1's generation is asked for as soon as step t's batch is in,
+    so it runs beside step t's other forwards and the critic's update, and each step
+    after the first trains on samples of the weights one update older (staleness 1),
+    weighted by the truncated importance ratio to the policy that generated them
+    (algorithm.rollout_is_cap, 2.0 when null). The actor's update waits for that
+    generation, which uses the same workers."""
     eval_every_steps: int = Field(10, ge=0)
     """Greedy held-out evaluation every this many PPO steps; 0 turns it off."""
     eval_prompts: int = Field(500, ge=1)
@@ -571,8 +583,10 @@ class AlgorithmConfig(ConfigModel):
     """Rollout correction: weight each token's policy-gradient term by the truncated
     importance weight min(π_old/π_rollout, this) between the trainer's log-probs and
     those the generating engine reported (vLLM and hf generation compute slightly
-    different probabilities than the trainer's forward); None = off, 2.0 is usual.
-    Costs the rollout's log-probs in GenerateSequences; metrics rollout_is/*."""
+    different probabilities than the trainer's forward, and rollout.mode one_step_off
+    generates with the previous weights); None = off (2.0 with one_step_off, which always
+    corrects), 2.0 is usual. Costs the rollout's log-probs in GenerateSequences; metrics
+    rollout_is/*."""
     filter_overlong: bool = False
     """DAPO's overlong filtering: responses cut off at rollout.max_new_tokens without EOS
     get zero advantage, so they add no policy-gradient signal (the actor trains on whole
@@ -840,6 +854,15 @@ class RunConfig(ConfigModel):
         return estimator_needs_critic(self.algorithm.adv_estimator)
 
     @property
+    def rollout_is_cap(self) -> float | None:
+        """The rollout correction's cap in effect: algorithm.rollout_is_cap, else
+        ONE_STEP_OFF_IS_CAP when rollout.mode is one_step_off; None = no correction."""
+        cap = self.algorithm.rollout_is_cap
+        if cap is None and self.rollout.mode == "one_step_off":
+            return ONE_STEP_OFF_IS_CAP
+        return cap
+
+    @property
     def needs_reference(self) -> bool:
         """Whether the run uses reference log-probs (a KL penalty or KL loss is on)."""
         return self.algorithm.kl_ctrl.kl_coef > 0 or self.actor.use_kl_loss
@@ -879,17 +902,21 @@ class RunConfig(ConfigModel):
 
     def _catalogue_issues(self) -> list[tuple[str, str]]:
         algorithm, issues = self.algorithm, []
-        if algorithm.rollout_is_cap is not None and self.actor.policy_loss in (
+        if self.rollout_is_cap is not None and self.actor.policy_loss in (
             "clip_cov",
             "kl_cov",
         ):
             # the weights scale the advantages, which these losses also use to pick tokens
+            if algorithm.rollout_is_cap is None:
+                field, fix = "rollout.mode", "use rollout.mode sync (one_step_off always corrects)"
+            else:
+                field, fix = "algorithm.rollout_is_cap", "set it to null"
             issues.append(
                 (
-                    "algorithm.rollout_is_cap",
-                    f"is not supported with actor.policy_loss {self.actor.policy_loss!r} (its "
-                    "token selection reads the advantages the weights scale); set it to null "
-                    "or choose another loss",
+                    field,
+                    f"needs the rollout correction, which is not supported with "
+                    f"actor.policy_loss {self.actor.policy_loss!r} (its token selection reads "
+                    f"the advantages the correction scales); {fix} or choose another loss",
                 )
             )
         greedy_baseline = "baseline_scores" in estimator_needs(algorithm.adv_estimator)

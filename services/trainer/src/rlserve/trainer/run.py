@@ -337,6 +337,7 @@ async def _train_on_services(
         control.error = f"{type(error).__name__}: {error}"
         raise
     finally:
+        trainer.discard_next_generation()  # a stopped or failed run's early generation
         log.close()
         if server is not None:
             await server.stop(grace=1.0)
