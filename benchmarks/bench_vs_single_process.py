@@ -5,15 +5,18 @@ prompts "a+b=" per step, 1 response each of exactly 8 new tokens, 1 PPO epoch of
 mini-batch for actor and critic, GAE, a fixed KL penalty 0.05 in the reward, a frozen
 random reward model of the policy's shape, 20 steps, no warm-up, evaluation or
 checkpoints. The baseline is benchmarks/single_process_ppo.py (plain PyTorch +
-transformers, collector frozen). Each round runs the baseline, then `rlserve train`,
-on the same model, reward model and prompts; steady state = the steps after the first
+transformers, collector frozen). Each round runs the baseline, then `rlserve train`
+once per rollout mode (`--modes`, default both: sync and one_step_off), on the same
+model, reward model and prompts; steady state = the steps after the first
 `--skip-steps`.
 
     .venv/bin/python benchmarks/bench_vs_single_process.py --rounds 2
+    .venv/bin/python benchmarks/bench_vs_single_process.py --modes sync -- rollout.workers=2
 
-Prints per round: episodes/s of each, rlserve's step split (generate, forwards,
-updates), its start-up (command start to first step) and the whole command's time;
-then the medians and rlserve / baseline.
+Prints per round: episodes/s of each, rlserve's step split (generate = waiting for the
+step's batch, forwards, updates), its start-up (command start to first step) and the
+whole command's time; then the medians, rlserve / baseline per mode, and one_step_off /
+sync.
 """
 
 import argparse
@@ -32,7 +35,7 @@ from rlserve.core.embedded.prepare import prepare_embedded_default
 from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("generate", "forward_wall", "advantages", "update_wall")
+STAGES = ("generate", "forward_wall", "advantages", "update_actor_waits_generation", "update_wall")
 
 
 def prepare_workload(root: Path, seed: int) -> tuple[Path, Path]:
@@ -69,7 +72,9 @@ def run_baseline(model_dir: Path, reward_dir: Path, prompts: Path, args) -> dict
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_rlserve(model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Path, args) -> dict:
+def run_rlserve(
+    model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Path, mode: str, args
+) -> dict:
     overrides = [
         f"model.path={model_dir}",
         f"data.train_path={prompts}",
@@ -88,6 +93,7 @@ def run_rlserve(model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Pa
         f"trainer.total_steps={args.steps}",
         "trainer.checkpoint_every_steps=0",
         f"trainer.run_dir={run_parent}",
+        f"rollout.mode={mode}",
         *args.overrides,
     ]
     started = time.perf_counter()
@@ -123,36 +129,47 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip-steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", nargs="+", default=["sync", "one_step_off"])
     parser.add_argument("overrides", nargs="*", help="extra section.field=value for rlserve")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-vs-single-"))
     model_dir, reward_dir = prepare_workload(root, args.seed)
     prompts = model_dir.parent / "data" / "train.jsonl"
-    ours, baseline = [], []
+    baseline: list[dict] = []
+    ours: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     for round_index in range(args.rounds):
         baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
-        run_parent = root / f"runs{round_index}"
-        ours.append(run_rlserve(model_dir, reward_dir, prompts, run_parent, args))
-        base, mine = baseline[-1], ours[-1]
-        stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
-        startup = mine["startup_phases_s"]
-        phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+        base = baseline[-1]
         base_stages = "  ".join(f"{k} {v:.3f}" for k, v in base["stages_s"].items())
         print(
             f"round {round_index}: single process {base['episodes_per_s']:6.1f} eps/s "
-            f"({base['mean_step_s']:.3f} s/step: {base_stages})\n"
-            f"  rlserve {mine['episodes_per_s']:6.1f} eps/s "
-            f"({mine['mean_step_s']:.3f} s/step: {stages})\n"
-            f"  rlserve start-up {sum(v for k, v in startup.items() if '/' not in k):.1f} s "
-            f"({phases}); whole command {mine['command_s']:.1f} s",
+            f"({base['mean_step_s']:.3f} s/step: {base_stages})",
             flush=True,
         )
+        for mode in args.modes:
+            run_parent = root / f"runs{round_index}_{mode}"
+            mine = run_rlserve(model_dir, reward_dir, prompts, run_parent, mode, args)
+            ours[mode].append(mine)
+            stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
+            startup = mine["startup_phases_s"]
+            phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+            print(
+                f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
+                f"({mine['mean_step_s']:.3f} s/step: {stages})\n"
+                f"    start-up {sum(v for k, v in startup.items() if '/' not in k):.1f} s "
+                f"({phases}); whole command {mine['command_s']:.1f} s",
+                flush=True,
+            )
     base_eps = statistics.median(b["episodes_per_s"] for b in baseline)
-    our_eps = statistics.median(o["episodes_per_s"] for o in ours)
-    print(
-        f"median of {args.rounds} rounds: single process {base_eps:.1f} eps/s, rlserve "
-        f"{our_eps:.1f} eps/s, rlserve / single process = {our_eps / base_eps:.2f}"
-    )
+    print(f"median of {args.rounds} rounds: single process {base_eps:.1f} eps/s")
+    medians = {
+        mode: statistics.median(o["episodes_per_s"] for o in runs) for mode, runs in ours.items()
+    }
+    for mode, eps in medians.items():
+        print(f"  rlserve {mode} {eps:.1f} eps/s, rlserve / single process = {eps / base_eps:.2f}")
+    if {"sync", "one_step_off"} <= set(medians):
+        gain = medians["one_step_off"] / medians["sync"]
+        print(f"  one_step_off / sync = {gain:.2f}")
 
 
 if __name__ == "__main__":

@@ -305,8 +305,9 @@ def test_one_step_off_checkpoint_keeps_the_next_generation(tokenizer, tmp_path):
     (asked,) = restored.clients.rollout.sent("GenerateSequences")
     assert metrics["staleness"] == 1.0
     assert asked.sampling.seed == generated_early.sampling.seed + 1
-    assert batch_from_proto(asked.prompts)["input_ids"].tolist() != batch_from_proto(
-        generated_early.prompts
-    )["input_ids"].tolist()
+    assert (
+        batch_from_proto(asked.prompts)["input_ids"].tolist()
+        != batch_from_proto(generated_early.prompts)["input_ids"].tolist()
+    )
     (update,) = restored.clients.rollout.sent("UpdateActor")
     assert (update.step, update.weights_version) == (1, 1)
