@@ -7,6 +7,10 @@ One 64 MiB float32 batch (`--mib`), in one run on a private local Ray:
   besides the socket), in process;
 - service -> workers: `WorkerGroup.run_split` to 1 and to 2 worker processes that
   answer with their row count (each rank is sent its rows only);
+- trainer -> service -> workers, the whole way: a `ServiceClient` call through Serve's
+  gRPC proxy to a replica (the services' own `rpc_method` wrapper: auth, tracing,
+  errors) that decodes the batch and `run_split`s it to 2 workers, as a service's
+  ComputeRefLogProb does before its forward (here the workers only count rows);
 - the reference: `ray.put` of the same bytes and a worker process `ray.get`-ing them.
 
 Each figure is GB/s of the batch's bytes over the median of `--repeats` timed calls
@@ -22,11 +26,15 @@ import time
 
 import ray
 import torch
+from ray import serve
 
 from rlserve.core.batch import Batch
+from rlserve.core.cluster import start_serve_on_a_free_port
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.rpc import ServiceClient, open_channel
+from rlserve.core.serving import rpc_method
 from rlserve.core.workers import WorkerGroup
-from rlserve.v1 import common_pb2
+from rlserve.v1 import common_pb2, reference_pb2, reference_pb2_grpc
 
 
 class RowCounter:
@@ -43,6 +51,44 @@ class RowCounter:
 
     def rows(self, batch: Batch) -> Batch:
         return Batch(tensors={"rows": torch.full((len(batch),), len(batch))})
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class BatchSink:
+    """A service replica without a model: decodes the request's batch and splits it over
+    its worker ranks, then answers with the rows the ranks counted."""
+
+    def __init__(self, workers: int):
+        self.group = WorkerGroup(RowCounter, workers, {}, num_cpus_per_worker=0.5)
+
+    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
+    async def ComputeRefLogProb(self, request, grpc_context):
+        counted = await self.group.run_split("rows", batch_from_proto(request.batch))
+        return reference_pb2.ComputeRefLogProbResponse(batch=batch_to_proto(counted))
+
+
+def through_serve(batch: Batch, workers: int, repeats: int) -> float:
+    """Median seconds of one call trainer -> Serve proxy -> replica -> `workers` ranks."""
+    port = start_serve_on_a_free_port()
+    serve.run(BatchSink.bind(workers), name="reference", route_prefix=None)
+    client = ServiceClient(
+        open_channel(f"127.0.0.1:{port}"), reference_pb2_grpc.ReferenceServiceStub, "reference", 600
+    )
+    request = reference_pb2.ComputeRefLogProbRequest
+
+    async def timed_calls() -> list[float]:
+        times = []
+        for _ in range(repeats + 1):  # the first warms up
+            started = time.perf_counter()
+            response = await client.call("ComputeRefLogProb", request(batch=batch_to_proto(batch)))
+            times.append(time.perf_counter() - started)
+            assert int(batch_from_proto(response.batch)["rows"].sum()) == len(batch) ** 2 // workers
+        return times[1:]
+
+    try:
+        return statistics.median(asyncio.run(timed_calls()))
+    finally:
+        serve.shutdown()
 
 
 @ray.remote(num_cpus=0)
@@ -96,6 +142,7 @@ def main() -> None:
                 )
             finally:
                 group.shutdown()
+        results["trainer -> service -> 2 workers"] = through_serve(batch, 2, args.repeats)
     finally:
         ray.shutdown()
 

@@ -439,6 +439,7 @@ def test_section_checks_are_rooted_at_the_section():
         ("reward.autoscaling.max_replicas=3", "reward.autoscaling_config"),
         ("actor.logprob_micro_batch_samples=8", "forward_micro_batch_samples"),
         ("reference.micro_batch_samples=8", "forward_micro_batch_samples"),
+        ("rollout.workers=2", "actor.workers"),
     ],
 )
 def test_a_former_field_names_its_new_place(override, place):

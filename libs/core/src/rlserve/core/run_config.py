@@ -252,6 +252,11 @@ class DataConfig(ConfigModel):
 class RolloutConfig(ConfigModel):
     """Generation by the rollout service."""
 
+    former_fields: ClassVar[Mapping[str, str]] = {
+        # it never reached the service: the actor's workers are the ones that generate
+        "workers": "actor.workers (the actor's data-parallel workers generate and train)"
+    }
+
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: transformers 'generate' or vLLM."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
@@ -270,8 +275,6 @@ class RolloutConfig(ConfigModel):
     ignore_eos: bool = False
     """Keep sampling past EOS to exactly max_new_tokens per training response (fixed
     workloads for benchmarks); greedy evaluation stops at EOS regardless."""
-    workers: int = Field(1, ge=1)
-    """Data-parallel generation workers; a request is split (and padded) across them."""
     mode: Literal["sync", "one_step_off"] = "sync"
     """'sync': every step generates with the weights it then trains (metric staleness 0).
     'one_step_off': step t+1's generation is asked for as soon as step t's batch is in,
