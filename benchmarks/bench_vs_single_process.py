@@ -11,7 +11,7 @@ model, reward model and prompts; steady state = the steps after the first
 `--skip-steps`.
 
     .venv/bin/python benchmarks/bench_vs_single_process.py --rounds 2
-    .venv/bin/python benchmarks/bench_vs_single_process.py --modes sync -- rollout.workers=2
+    .venv/bin/python benchmarks/bench_vs_single_process.py --modes sync -- actor.workers=2
 
 Prints per round: episodes/s of each, rlserve's step split (generate = waiting for the
 step's batch, forwards, updates), its start-up (command start to first step) and the
