@@ -71,12 +71,12 @@ def through_serve(batch: Batch, workers: int, repeats: int) -> float:
     """Median seconds of one call trainer -> Serve proxy -> replica -> `workers` ranks."""
     port = start_serve_on_a_free_port()
     serve.run(BatchSink.bind(workers), name="reference", route_prefix=None)
-    client = ServiceClient(
-        open_channel(f"127.0.0.1:{port}"), reference_pb2_grpc.ReferenceServiceStub, "reference", 600
-    )
     request = reference_pb2.ComputeRefLogProbRequest
 
     async def timed_calls() -> list[float]:
+        # the channel belongs to this event loop
+        channel = open_channel(f"127.0.0.1:{port}")
+        client = ServiceClient(channel, reference_pb2_grpc.ReferenceServiceStub, "reference", 600)
         times = []
         for _ in range(repeats + 1):  # the first warms up
             started = time.perf_counter()
