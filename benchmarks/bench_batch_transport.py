@@ -70,7 +70,7 @@ class BatchSink:
 def through_serve(batch: Batch, workers: int, repeats: int) -> float:
     """Median seconds of one call trainer -> Serve proxy -> replica -> `workers` ranks."""
     port = start_serve_on_a_free_port()
-    serve.run(BatchSink.bind(workers), name="reference", route_prefix=None)
+    serve.run(BatchSink.bind(workers), name="reference", route_prefix="/reference")
     request = reference_pb2.ComputeRefLogProbRequest
 
     async def timed_calls() -> list[float]:
