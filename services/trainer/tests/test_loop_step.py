@@ -228,20 +228,16 @@ def test_gdpo_asks_the_reward_kinds_once(tokenizer, tmp_path):
     assert float(advantages.mean()) == pytest.approx(0.0, abs=1e-6)
 
 
-def _one_step_off_trainer(tokenizer, tmp_path, total_steps: int) -> PPOTrainer:
-    config = validate_config(
-        RunConfig,
-        {
-            "rollout": {"max_new_tokens": 3, "mode": "one_step_off"},
-            "actor": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
-            "critic": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
-            "trainer": {
-                "prompts_per_step": 2,
-                "total_steps": total_steps,
-                "run_dir": str(tmp_path),
-            },
-        },
-    )
+def _one_step_off_trainer(tokenizer, tmp_path, total_steps: int, **sections) -> PPOTrainer:
+    data = {
+        "rollout": {"max_new_tokens": 3, "mode": "one_step_off"},
+        "actor": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
+        "critic": {"ppo_mini_batch_prompts": 2, "micro_batch_samples": 2},
+        "trainer": {"prompts_per_step": 2, "total_steps": total_steps, "run_dir": str(tmp_path)},
+    }
+    for section, fields in sections.items():
+        data.setdefault(section, {}).update(fields)
+    config = validate_config(RunConfig, data)
     clients = fake_clients(critic=True, reference=True)
     clients.rollout.handlers.update(
         SaveCheckpoint=lambda _: rollout_pb2.RolloutServiceSaveCheckpointResponse(),
@@ -311,3 +307,46 @@ def test_one_step_off_checkpoint_keeps_the_next_generation(tokenizer, tmp_path):
     )
     (update,) = restored.clients.rollout.sent("UpdateActor")
     assert (update.step, update.weights_version) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"algorithm": {"adv_estimator": "remax", "kl_ctrl": {"kl_coef": 0.0}}},
+        {
+            "algorithm": {
+                "adv_estimator": "grpo",
+                "kl_ctrl": {"kl_coef": 0.0},
+                "dynamic_sampling": True,
+            },
+            "rollout": {"max_new_tokens": 3, "mode": "one_step_off", "responses_per_prompt": 2},
+        },
+    ],
+    ids=["remax", "dynamic_sampling"],
+)
+def test_one_step_off_with_a_greedy_baseline_or_dynamic_sampling(tokenizer, tmp_path, sections):
+    trainer = _one_step_off_trainer(tokenizer, tmp_path, total_steps=2, **sections)
+
+    async def two_steps():
+        return [await trainer.run_step() for _ in range(2)]
+
+    first, second = asyncio.run(two_steps())
+    assert (first["staleness"], second["staleness"]) == (0.0, 1.0)
+    sampled = [
+        g for g in trainer.clients.rollout.sent("GenerateSequences") if g.sampling.temperature > 0
+    ]
+    assert [g.expected_weights_version for g in sampled] == [0, 0]
+    updates = trainer.clients.rollout.sent("UpdateActor")
+    assert [u.weights_version for u in updates] == [0, 1]
+    if "dynamic_sampling" in sections["algorithm"]:
+        # scored while generating: no reward call among the forwards
+        assert len(trainer.clients.reward.sent("ComputeReward")) == len(sampled)
+        assert second["generate/dynamic_sampling/groups"] == 2.0
+    else:
+        # one greedy baseline per step, from the weights that step trains
+        greedy = [
+            g
+            for g in trainer.clients.rollout.sent("GenerateSequences")
+            if g.sampling.temperature == 0
+        ]
+        assert [g.expected_weights_version for g in greedy] == [0, 1]
