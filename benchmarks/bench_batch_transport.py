@@ -83,6 +83,7 @@ def through_serve(batch: Batch, workers: int, repeats: int) -> float:
             response = await client.call("ComputeRefLogProb", request(batch=batch_to_proto(batch)))
             times.append(time.perf_counter() - started)
             assert int(batch_from_proto(response.batch)["rows"].sum()) == len(batch) ** 2 // workers
+        await channel.close()
         return times[1:]
 
     try:
@@ -150,7 +151,7 @@ def main() -> None:
     print(f"{args.mib} MiB batch ({rows} rows x 4096 float32), median of {args.repeats}")
     for name, seconds in results.items():
         ratio = f"  ({reference / seconds:.2f}x ray.put/get)" if "worker" in name else ""
-        print(f"  {name:<30}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
+        print(f"  {name:<32}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
 
 
 if __name__ == "__main__":

@@ -129,7 +129,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--skip-steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", nargs="+", default=["sync", "one_step_off"])
+    parser.add_argument(
+        "--modes", nargs="+", choices=["sync", "one_step_off"], default=["sync", "one_step_off"]
+    )
     parser.add_argument("overrides", nargs="*", help="extra section.field=value for rlserve")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-vs-single-"))

@@ -548,15 +548,6 @@ def test_catalogue_settings_are_checked_against_the_run():
     assert err.paths == ("algorithm.rollout_is_cap",) and "'kl_cov'" in str(err)
     assert load("algorithm.rollout_is_cap=2.0", path=GRPO).algorithm.rollout_is_cap == 2.0
     assert error_of("algorithm.rollout_is_cap=0").paths == ("algorithm.rollout_is_cap",)
-    err = error_of("rollout.mode=one_step_off", "actor.policy_loss=clip_cov", path=GRPO)
-    assert err.paths == ("rollout.mode",) and "'clip_cov'" in str(err)
-    assert error_of("rollout.mode=async").paths == ("rollout.mode",)
-
-
-def test_one_step_off_always_corrects_for_its_stale_samples():
-    assert load().rollout_is_cap is None  # sync: off unless asked for
-    assert load("rollout.mode=one_step_off").rollout_is_cap == 2.0
-    assert load("rollout.mode=one_step_off", "algorithm.rollout_is_cap=1.5").rollout_is_cap == 1.5
     err = error_of("algorithm.adv_estimator=remax", "rollout.temperature=0")
     assert err.paths == ("rollout.temperature",) and "'remax'" in str(err)
     # ReMax's baseline is the greedy response, not the group: one response per prompt is fine
@@ -566,6 +557,15 @@ def test_one_step_off_always_corrects_for_its_stale_samples():
     sapo = load("actor.policy_loss=sapo", "actor.sapo_tau_neg=2.0")
     assert (sapo.actor.sapo_tau_pos, sapo.actor.sapo_tau_neg) == (1.0, 2.0)
     assert error_of("actor.dppo_max_ratio=0").paths == ("actor.dppo_max_ratio",)
+
+
+def test_one_step_off_always_corrects_for_its_stale_samples():
+    assert load().rollout_is_cap is None  # sync: off unless asked for
+    assert load("rollout.mode=one_step_off").rollout_is_cap == 2.0
+    assert load("rollout.mode=one_step_off", "algorithm.rollout_is_cap=1.5").rollout_is_cap == 1.5
+    err = error_of("rollout.mode=one_step_off", "actor.policy_loss=clip_cov", path=GRPO)
+    assert err.paths == ("rollout.mode",) and "'clip_cov'" in str(err)
+    assert error_of("rollout.mode=async").paths == ("rollout.mode",)
 
 
 def test_fields_from_copies_same_named_fields_and_takes_overrides():

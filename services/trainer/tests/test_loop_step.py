@@ -261,12 +261,14 @@ def test_one_step_off_generates_the_next_batch_before_the_update(tokenizer, tmp_
 
     first, second = asyncio.run(two_steps())
     rollout = trainer.clients.rollout
-    # step 2's generation is asked for before step 1's update and not again in step 2;
-    # the last step asks for none
-    assert [rpc for rpc, _ in rollout.requests if rpc != "ComputeLogProb"] == [
+    # step 2's generation is asked for after step 1's log-probs, before its update, and
+    # not again in step 2; the last step asks for none
+    assert [rpc for rpc, _ in rollout.requests] == [
         "GenerateSequences",
+        "ComputeLogProb",
         "GenerateSequences",
         "UpdateActor",
+        "ComputeLogProb",
         "UpdateActor",
     ]
     generations = rollout.sent("GenerateSequences")

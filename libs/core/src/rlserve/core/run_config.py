@@ -82,12 +82,12 @@ EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_def
 
 EMBEDDED_GRPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_grpo.yaml"
 EMBEDDED_DAPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_dapo.yaml"
+"""GRPO's recipe for the embedded default: the settings it changes, and why (the one
+copy: README, tests and benchmarks load this file)."""
 
 ONE_STEP_OFF_IS_CAP = 2.0
 """The rollout correction's cap when rollout.mode is one_step_off and
 algorithm.rollout_is_cap is null."""
-"""GRPO's recipe for the embedded default: the settings it changes, and why (the one
-copy: README, tests and benchmarks load this file)."""
 
 # The choices of the algorithm fields are the PPO math registries' names (one list, in
 # rlserve.core.ppo_math), so the config accepts exactly what is implemented and an

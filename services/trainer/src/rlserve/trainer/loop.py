@@ -9,14 +9,16 @@ step records its batch's staleness (weights versions between generation and trai
 
 rollout.mode decides when a step's batch is generated. 'sync': at the step's start,
 with the weights it trains (staleness 0). 'one_step_off': step t+1's generation is
-asked for as soon as step t has its batch, expecting the weights step t trains from, and
-step t's actor update is sent once that generation is done (the rollout's workers both
-generate and train, and the update would otherwise move the version under it). So step
-t+1's generation overlaps step t's log-prob, reference, value and reward forwards, its
+asked for as soon as step t's log-probs are in, expecting the weights step t trains
+from, and step t's actor update is sent once that generation is done. The rollout's
+workers run one call at a time and both generate and train, so the generation comes
+after step t's log-probs (which would otherwise wait behind it, deadline running) and
+before its update (which would otherwise move the version under it). Step t+1's
+generation overlaps the rest of step t's reference, value and reward forwards, its
 advantages and the critic's update, and step t+1 trains on samples one update old
 (staleness 1), corrected by truncated importance weights to the generating policy
-(`_rollout_is_weights`). A checkpoint keeps the generation done for the next step, so
-a resumed run trains exactly what the uninterrupted one would have.
+(`_rollout_is_weights`). A checkpoint keeps the generation done for the next step, so a
+resumed run (same total_steps) trains exactly what the uninterrupted one would have.
 
 Tracing: each step is one trace. `run_step` opens the root span `ppo.step` (attribute
 `rlserve.step`: the step's number as metrics.jsonl, TensorBoard, the progress bar and
@@ -253,18 +255,28 @@ class PPOTrainer:
 
     async def _next_generation_done(self) -> float:
         """Waits until the next step's generation (if asked for) has finished, without
-        raising its error (the step that uses it does); returns the seconds waited."""
+        raising its error (the step that uses it does); returns the seconds waited.
+
+        Raises CancelledError when it was discarded meanwhile: this step was abandoned
+        (a restore or the run's end), and its update must not reach the service."""
         if self._next_generation is None:
             return 0.0
+        task = self._next_generation[1]
         started = time.perf_counter()
-        await asyncio.wait([self._next_generation[1]])
+        await asyncio.wait([task])
+        if task.cancelled():
+            raise asyncio.CancelledError
         return time.perf_counter() - started
 
     def discard_next_generation(self) -> None:
         """Cancels a generation asked for a step early (before a restore, at the end)."""
-        if self._next_generation is not None:
-            self._next_generation[1].cancel()
-            self._next_generation = None
+        if self._next_generation is None:
+            return
+        task = self._next_generation[1]
+        self._next_generation = None
+        task.cancel()
+        if task.done() and not task.cancelled():
+            task.exception()  # marks a failure as seen: no step will use this generation
 
     async def _rewards(self, batch: Batch) -> dict[str, torch.Tensor]:
         """{"scores": (B,) float32}: the reward service's scores, plus DAPO's overlong
@@ -433,21 +445,22 @@ class PPOTrainer:
         generation = await _timed("generate", timings, self._take_generation(step))
         batch, gen_metrics, rows = generation.batch, generation.metrics, generation.rows
         staleness = self.state.weights_version - int(batch.meta["weights_version"])
-        self._ask_for_next_generation(step)
 
         sequences = batch_to_proto(batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[]))
         needs = estimator_needs(config.algorithm.adv_estimator)
-        forwards: dict[str, Awaitable[Any]] = {
-            "log_prob": self.clients.rollout.call(
-                "ComputeLogProb",
-                rollout_pb2.ComputeLogProbRequest(
-                    batch=sequences,
-                    return_entropy=True,
-                    expected_weights_version=self.state.weights_version,
-                    return_sum_pi_squared="sum_pi_squared" in needs,
-                ),
-            ),
-        }
+        log_prob_request = rollout_pb2.ComputeLogProbRequest(
+            batch=sequences,
+            return_entropy=True,
+            expected_weights_version=self.state.weights_version,
+            return_sum_pi_squared="sum_pi_squared" in needs,
+        )
+
+        async def log_prob() -> rollout_pb2.ComputeLogProbResponse:
+            response = await self.clients.rollout.call("ComputeLogProb", log_prob_request)
+            self._ask_for_next_generation(step)  # one_step_off, see the module docstring
+            return response
+
+        forwards: dict[str, Awaitable[Any]] = {"log_prob": log_prob()}
         if "scores" not in batch.tensors:
             forwards["reward"] = self._rewards(batch)
         if "baseline_scores" in needs:
@@ -678,7 +691,9 @@ class PPOTrainer:
 
     def _restore_next_generation(self, directory: Path, saved: dict[str, Any] | None) -> None:
         self.discard_next_generation()
-        if saved is None:
+        if saved is None or self.config.rollout.mode != "one_step_off":
+            # resumed in sync mode: its prompts are skipped rather than trained one
+            # update old without the correction that mode does not apply
             return
         response = rollout_pb2.GenerateSequencesResponse.FromString(
             (directory / NEXT_GENERATION_FILE).read_bytes()
