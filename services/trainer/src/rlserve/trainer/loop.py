@@ -176,7 +176,7 @@ class PPOTrainer:
         # GDPO's reward kinds and weights, from the reward service on first use
         self._kind_weights: dict[str, float] | None = None
         # one_step_off: (step, its generation, running or done) asked for a step early
-        self._next_generation: tuple[int, asyncio.Task[Generation]] | None = None
+        self._next_generation: tuple[int, asyncio.Future[Generation]] | None = None
 
     # --- one step ---------------------------------------------------------------------
 
@@ -236,12 +236,11 @@ class PPOTrainer:
 
     async def _take_generation(self, step: int) -> Generation:
         """The generation asked for a step early (one_step_off), else a new one."""
-        if self._next_generation is not None:
-            next_step, task = self._next_generation
+        if self._next_generation is not None and self._next_generation[0] == step:
+            pending = self._next_generation[1]
             self._next_generation = None
-            if next_step == step:
-                return await task
-            task.cancel()
+            return await pending
+        self.discard_next_generation()
         return await self._generation_for(step, self.state.weights_version)
 
     def _ask_for_next_generation(self, step: int) -> None:
@@ -395,8 +394,7 @@ class PPOTrainer:
         """The batch with rollout_is_weights: each token's truncated importance weight
         min(π_old/π_rollout, RunConfig.rollout_is_cap). π_rollout is the generating
         engine's: with rollout.mode one_step_off, also the previous weights'. The actor's
-        advantages are
-        multiplied by them; every policy loss but clip_cov/kl_cov (refused by the run
+        advantages are multiplied by them; every policy loss but clip_cov/kl_cov (refused by the run
         config) is linear in the advantage and branches on its sign only, so that is the
         same as weighting each token's policy-gradient term (the entropy and KL-loss
         terms stay unweighted). The optimal token baseline reads them too."""
@@ -550,18 +548,12 @@ class PPOTrainer:
         updates: dict[str, Awaitable[Any]] = {"update_actor": update_actor()}
         if self.clients.critic is not None:
             critic_keys = [*SEQUENCE_KEYS, "values", "returns"]
+            critic_batch = batch.select(tensor_keys=critic_keys, non_tensor_keys=[])
+            critic_request = critic_pb2.UpdateCriticRequest(
+                step=step, batch=batch_to_proto(critic_batch)
+            )
             updates["update_critic"] = _timed(
-                "update_critic",
-                timings,
-                self.clients.critic.call(
-                    "UpdateCritic",
-                    critic_pb2.UpdateCriticRequest(
-                        step=step,
-                        batch=batch_to_proto(
-                            batch.select(tensor_keys=critic_keys, non_tensor_keys=[])
-                        ),
-                    ),
-                ),
+                "update_critic", timings, self.clients.critic.call("UpdateCritic", critic_request)
             )
         update_started = time.perf_counter()
         update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
@@ -704,7 +696,9 @@ class PPOTrainer:
             batch_from_proto(response.batch),
             dict(response.metrics),
         )
-        self._next_generation = (int(saved["step"]), asyncio.create_task(_returns(generation)))
+        restored: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        restored.set_result(generation)
+        self._next_generation = (int(saved["step"]), restored)
 
     def _service_checkpoint(self, directory: Path, role: str) -> str:
         """`directory/role` as the services name it: relative to their checkpoint root."""
@@ -743,10 +737,6 @@ class PPOTrainer:
         restore_rng(trainer_state["rng"])
         # absent from checkpoints written before one_step_off existed
         self._restore_next_generation(directory, trainer_state.get("next_generation"))
-
-
-async def _returns(value: Any) -> Any:
-    return value
 
 
 def finite_or_nan(value: float) -> float:
