@@ -65,6 +65,9 @@ def distributed_address() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
+SHM_ALL_REDUCE_OP = "deepspeed_shm_comm"
+
+
 def init_process_group(
     rank: int, world_size: int, address: str, port: int, device: torch.device | None = None
 ) -> None:
@@ -82,7 +85,14 @@ def init_process_group(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     import deepspeed  # imported here, after DS_ACCELERATOR: only training workers need it
+    import deepspeed.ops
 
+    # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce (used only by
+    # inference_all_reduce, which nothing here calls) at every init: ≈ 40 s of gcc on a
+    # fresh machine, under a lock file in ~/.cache/torch_extensions that every process
+    # waits on. A worker killed while holding it (a replica torn down mid-start) left
+    # every later worker on the machine waiting forever.
+    deepspeed.ops.__compatible_ops__[SHM_ALL_REDUCE_OP] = False
     deepspeed.init_distributed(dist_backend=distributed_backend(device), auto_mpi_discovery=False)
 
 
