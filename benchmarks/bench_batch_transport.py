@@ -7,10 +7,13 @@ One 64 MiB float32 batch (`--mib`), in one run on a private local Ray:
   besides the socket), in process;
 - service -> workers: `WorkerGroup.run_split` to 1 and to 2 worker processes that
   answer with their row count (each rank is sent its rows only);
-- trainer -> service -> workers, the whole way: a `ServiceClient` call through Serve's
-  gRPC proxy to a replica (the services' own `rpc_method` wrapper: auth, tracing,
-  errors) that decodes the batch and `run_split`s it to 2 workers, as a service's
-  ComputeRefLogProb does before its forward (here the workers only count rows);
+- trainer -> service -> workers, the whole way: a `ServiceClient` call to a replica
+  (the services' own `rpc_method` wrapper: auth, tracing, errors) that decodes the batch
+  and `run_split`s it to 2 workers, as a service's ComputeRefLogProb does before its
+  forward (here the workers only count rows); once through Serve's gRPC proxy and once
+  direct to the replica's own port (Serve's direct ingress, the trainer's route);
+- a small call the same two ways (64 rows x 24 int64 ids, the embedded default's size):
+  per-call latency, what each of a PPO step's RPCs pays;
 - the reference: `ray.put` of the same bytes and a worker process `ray.get`-ing them.
 
 Each figure is GB/s of the batch's bytes over the median of `--repeats` timed calls
@@ -29,12 +32,14 @@ import torch
 from ray import serve
 
 from rlserve.core.batch import Batch
-from rlserve.core.cluster import start_serve_on_a_free_port
+from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
 from rlserve.core.codec import batch_from_proto, batch_to_proto
-from rlserve.core.rpc import ServiceClient, open_channel
+from rlserve.core.rpc import ServiceClient, direct_grpc_target, open_channel
 from rlserve.core.serving import rpc_method
 from rlserve.core.workers import WorkerGroup
 from rlserve.v1 import common_pb2, reference_pb2, reference_pb2_grpc
+
+SMALL_ROWS = 64
 
 
 class RowCounter:
@@ -67,27 +72,39 @@ class BatchSink:
         return reference_pb2.ComputeRefLogProbResponse(batch=batch_to_proto(counted))
 
 
-def through_serve(batch: Batch, workers: int, repeats: int) -> float:
-    """Median seconds of one call trainer -> Serve proxy -> replica -> `workers` ranks."""
+def through_serve(batches: dict[str, Batch], workers: int, repeats: int) -> dict[str, float]:
+    """Median seconds of one call trainer -> replica -> `workers` ranks, for each batch
+    and route: through Serve's gRPC proxy, and direct to the replica's own gRPC port
+    (Serve's direct ingress, rlserve.core.rpc)."""
     port = start_serve_on_a_free_port()
     serve.run(BatchSink.bind(workers), name="reference", route_prefix="/reference")
     request = reference_pb2.ComputeRefLogProbRequest
 
-    async def timed_calls() -> list[float]:
+    async def timed_calls(batch: Batch, direct: bool) -> list[float]:
         # the channel belongs to this event loop
         channel = open_channel(f"127.0.0.1:{port}")
-        client = ServiceClient(channel, reference_pb2_grpc.ReferenceServiceStub, "reference", 600)
+        client = ServiceClient(
+            channel, reference_pb2_grpc.ReferenceServiceStub, "reference", 600, direct=direct
+        )
         times = []
         for _ in range(repeats + 1):  # the first warms up
             started = time.perf_counter()
             response = await client.call("ComputeRefLogProb", request(batch=batch_to_proto(batch)))
             times.append(time.perf_counter() - started)
             assert int(batch_from_proto(response.batch)["rows"].sum()) == len(batch) ** 2 // workers
+        await client.close()
         await channel.close()
         return times[1:]
 
+    assert direct_grpc_target("reference") is not None, "Serve's direct ingress is off"
     try:
-        return statistics.median(asyncio.run(timed_calls()))
+        return {
+            f"{name}, {route}": statistics.median(
+                asyncio.run(timed_calls(batch, direct=route == "direct"))
+            )
+            for name, batch in batches.items()
+            for route in ("proxy", "direct")
+        }
     finally:
         serve.shutdown()
 
@@ -127,7 +144,7 @@ def main() -> None:
         lambda: batch_from_proto(common_pb2.Batch.FromString(wire)), args.repeats
     )
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2, log_to_driver=False)  # with Serve's direct ingress on
     try:
         getter = Getter.remote()
         ray.get(getter.nbytes.remote([ray.put(b"")]))
@@ -143,7 +160,12 @@ def main() -> None:
                 )
             finally:
                 group.shutdown()
-        results["trainer -> service -> 2 workers"] = through_serve(batch, 2, args.repeats)
+        small = Batch(tensors={"input_ids": torch.ones(SMALL_ROWS, 24, dtype=torch.int64)})
+        whole_way = through_serve(
+            {"trainer -> service -> 2 workers": batch, "small call": small},
+            2,
+            args.repeats,
+        )
     finally:
         ray.shutdown()
 
@@ -151,7 +173,13 @@ def main() -> None:
     print(f"{args.mib} MiB batch ({rows} rows x 4096 float32), median of {args.repeats}")
     for name, seconds in results.items():
         ratio = f"  ({reference / seconds:.2f}x ray.put/get)" if "worker" in name else ""
-        print(f"  {name:<32}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
+        print(f"  {name:<40}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
+    for name, seconds in whole_way.items():
+        if name.startswith("small call"):
+            print(f"  {name:<40}{'':>11}  ({seconds * 1e3:7.1f} ms)  ({SMALL_ROWS} x 24 int64)")
+        else:
+            ratio = f"  ({reference / seconds:.2f}x ray.put/get)"
+            print(f"  {name:<40}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,16 @@ case "$RAY_AUTH_MODE" in
     *) die "RAY_AUTH_MODE must be 'disabled' or 'token'; got '$RAY_AUTH_MODE'" ;;
 esac
 export RAY_USAGE_STATS_ENABLED=0 # no usage report over the network
+# Serve's direct ingress (as rlserve.core.cluster sets it): each app's replica also
+# answers gRPC on a port of its own node (40000-40999), which a trainer on the cluster
+# calls instead of the proxy's hop; user code and router on the replica's event loop;
+# no 30 s drain before a replica stops. A value already set in the environment wins.
+export RAY_SERVE_ENABLE_DIRECT_INGRESS="${RAY_SERVE_ENABLE_DIRECT_INGRESS:-1}"
+export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD="${RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD:-0}"
+export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP="${RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP:-0}"
+export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S="${RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S:-0}"
+SERVE_ENV_NAMES=(RAY_SERVE_ENABLE_DIRECT_INGRESS RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD
+    RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)
 
 # ray_start_args POOL: sets the array RAY_START_ARGS from NUM_CPUS, NUM_GPUS,
 # OBJECT_STORE_BYTES, RESOURCES, LABELS, NODE_IP, TEMP_DIR and the pool ("" or none: none).
@@ -145,7 +155,10 @@ auth_env() {
 
 # run_ray COMMAND...: prints the command with the Ray environment; runs it unless DRY_RUN=1.
 run_ray() {
-    local shown shown_env=("RAY_AUTH_MODE=$RAY_AUTH_MODE" "RAY_USAGE_STATS_ENABLED=$RAY_USAGE_STATS_ENABLED")
+    local shown name shown_env=("RAY_AUTH_MODE=$RAY_AUTH_MODE" "RAY_USAGE_STATS_ENABLED=$RAY_USAGE_STATS_ENABLED")
+    for name in "${SERVE_ENV_NAMES[@]}"; do
+        shown_env+=("$name=${!name}")
+    done
     if [[ -z "${RLSERVE_AUTH_TOKEN:-}" && -n "${RLSERVE_AUTH_TOKEN_FILE:-}" ]]; then
         shown_env+=("RLSERVE_AUTH_TOKEN_FILE=$RLSERVE_AUTH_TOKEN_FILE")
     fi

@@ -41,7 +41,8 @@
 # and RLSERVE_AUTH_TOKEN_FILE (see deploy/README.md, Authentication).
 #
 # Ports other nodes must reach: 6379 (GCS) and Ray's node ports; clients: 10001 (Ray
-# client), 9000 (Serve gRPC). Serve's gRPC proxy binds every interface, and neither token
+# client), 9000 (Serve gRPC), and on nodes running rlserve apps 40000-40999 (each replica's
+# own gRPC server: Serve's direct ingress). Both bind every interface, and neither token
 # is encrypted on the wire: keep the ports on a private network or firewalled, and put a
 # TLS-terminating proxy in front of 9000 for callers elsewhere. On a single machine,
 # NODE_IP=127.0.0.1 makes Ray use loopback addresses for its nodes.

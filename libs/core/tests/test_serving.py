@@ -7,10 +7,18 @@ import grpc
 import pytest
 from ray import serve
 
+from rlserve.core import rpc
 from rlserve.core.batch import Batch
+from rlserve.core.cluster import DIRECT_GRPC_PORTS, free_port
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.placement import serve_replicas
-from rlserve.core.rpc import RetryPolicy, ServiceClient, call_metadata, open_channel
+from rlserve.core.rpc import (
+    RetryPolicy,
+    ServiceClient,
+    call_metadata,
+    direct_grpc_target,
+    open_channel,
+)
 from rlserve.core.serving import (
     Deadline,
     RpcError,
@@ -27,7 +35,11 @@ HANG_S = 3.0
 
 @serve.deployment
 class ProbeDeployment:
-    """Answers ComputeRefLogProb according to the batch's meta 'mode'."""
+    """Answers ComputeRefLogProb according to the batch's meta 'mode'; metrics["rows"] =
+    the batch's rows + `rows_offset` (which app answered)."""
+
+    def __init__(self, rows_offset: int = 0):
+        self.rows_offset = rows_offset
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
     async def ComputeRefLogProb(self, request, grpc_context):
@@ -41,7 +53,9 @@ class ProbeDeployment:
             Deadline.from_metadata(grpc_context.invocation_metadata()).check("probe")
         if mode == "hang":
             await asyncio.sleep(HANG_S)
-        return reference_pb2.ComputeRefLogProbResponse(metrics={"rows": len(batch)})
+        return reference_pb2.ComputeRefLogProbResponse(
+            metrics={"rows": len(batch) + self.rows_offset}
+        )
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +140,76 @@ def test_a_call_that_times_out_names_service_rpc_app_and_replica(stub, serve_clu
     assert f"held by replica {replica['replica_id']}" in details
     assert f"pid {replica['pid']}" in details
     assert _call(stub).metrics["rows"] == 0  # the replica serves on
+
+
+def _probe_request() -> reference_pb2.ComputeRefLogProbRequest:
+    return reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(Batch()))
+
+
+async def _client_call(proxy_address: str, retries: int):
+    channel = open_channel(proxy_address)
+    client = ServiceClient(
+        channel,
+        reference_pb2_grpc.ReferenceServiceStub,
+        APP,
+        10.0,
+        RetryPolicy(retries=retries, initial_backoff_s=0.01),
+    )
+    try:
+        return await client.call("ComputeRefLogProb", _probe_request())
+    finally:
+        await client.close()
+        await channel.close()
+
+
+def test_a_client_on_the_cluster_calls_the_replica_directly(stub):
+    target = direct_grpc_target(APP)
+    assert target is not None
+    assert int(target.rsplit(":", 1)[1]) in DIRECT_GRPC_PORTS
+    # No proxy listens at this address: the call can only have taken the direct route.
+    no_proxy = f"127.0.0.1:{free_port()}"
+    assert asyncio.run(_client_call(no_proxy, retries=0)).metrics["rows"] == 0
+
+
+@pytest.fixture
+def other_app(serve_cluster):
+    app = "serving-probe-other"
+    serve.run(ProbeDeployment.bind(rows_offset=100), name=app, route_prefix=f"/{app}")
+    yield app
+    serve.delete(app)
+
+
+def test_a_dead_direct_route_falls_back_to_the_proxy(stub, serve_cluster, monkeypatch):
+    dead = f"127.0.0.1:{free_port()}"
+    monkeypatch.setattr(rpc, "direct_grpc_target", lambda app: dead)
+    # retries=0: the proxy answers within the first attempt
+    assert asyncio.run(_client_call(serve_cluster.grpc_address, retries=0)).metrics["rows"] == 0
+
+
+def test_a_route_to_another_apps_replica_falls_back_to_the_proxy(
+    stub, serve_cluster, other_app, monkeypatch
+):
+    """A port Serve gave to another app's replica after a replacement: Serve's own check
+    answers NOT_FOUND there, and the call goes through the proxy to its own app."""
+    other = direct_grpc_target(other_app)
+    assert other is not None and other != direct_grpc_target(APP)
+    monkeypatch.setattr(rpc, "direct_grpc_target", lambda app: other)
+    # 0 rows: answered by APP (the other app would add 100)
+    assert asyncio.run(_client_call(serve_cluster.grpc_address, retries=0)).metrics["rows"] == 0
+
+
+def test_an_app_with_several_replicas_has_no_direct_route(serve_cluster):
+    app = "serving-probe-pair"
+    serve.run(
+        ProbeDeployment.options(num_replicas=2, ray_actor_options={"num_cpus": 0}).bind(),
+        name=app,
+        route_prefix=f"/{app}",
+    )
+    try:
+        assert len(serve_replicas(app)) == 2
+        assert direct_grpc_target(app) is None  # the proxy balances them
+    finally:
+        serve.delete(app)
 
 
 def test_unparsable_deadline_is_invalid_argument():

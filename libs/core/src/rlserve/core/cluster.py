@@ -30,14 +30,34 @@ SERVICER_FUNCTIONS = [
     for module, service in SERVICES.items()
 ]
 
-# Set before Ray starts: a plain ray.init() otherwise turns token auth on and later
-# `ray start` / `serve deploy` calls fail; usage stats would try the network.
-_RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# Set before Ray starts (each only where the environment does not set it already):
+# - a plain ray.init() otherwise turns token auth on and later `ray start` / `serve
+#   deploy` calls fail; usage stats would try the network;
+# - Serve's direct ingress: each app's replica also answers gRPC on a port of its own
+#   (DIRECT_GRPC_PORTS), so a client on the cluster (the trainer, see
+#   rlserve.core.rpc.direct_grpc_target) skips the proxy's hop, with user code and the
+#   router on the replica's event loop (no thread hop per request): a small call took
+#   2.7 ms this way against 14.4 ms through the proxy with Serve's defaults. No load
+#   balancer stands in front to deregister a stopping replica, so it does not drain for
+#   Serve's default 30 s first (a client falls back to the proxy, see ServiceClient).
+_RAY_ENV_DEFAULTS = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+}
+DIRECT_GRPC_PORTS = range(40000, 41000)
+"""Where Serve's direct ingress puts replicas' own gRPC servers (its default range)."""
 
 
-def apply_ray_env_defaults() -> None:
+def apply_ray_env_defaults() -> dict[str, str]:
+    """Sets the defaults missing from this process's environment; returns the values in
+    force, for Ray's processes (a user's own setting wins)."""
     for key, value in _RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in _RAY_ENV_DEFAULTS}
 
 
 def free_port() -> int:
@@ -55,7 +75,7 @@ def start_local_ray(
     log_to_driver: bool = True,
 ) -> None:
     """A private single-node Ray (never touches another Ray running on the machine)."""
-    apply_ray_env_defaults()
+    env_vars = apply_ray_env_defaults()
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -64,7 +84,7 @@ def start_local_ray(
         include_dashboard=False,
         _temp_dir=str(temp_dir) if temp_dir else None,
         log_to_driver=log_to_driver,
-        runtime_env={"env_vars": dict(_RAY_ENV_DEFAULTS)},
+        runtime_env={"env_vars": env_vars},
     )
 
 

@@ -125,6 +125,12 @@ class Clients:
             critic=client(critic_pb2_grpc.CriticServiceStub, "critic"),
         )
 
+    async def close(self) -> None:
+        """Closes the clients' direct channels to the replicas."""
+        for client in (self.rollout, self.reward, self.reference, self.critic):
+            if client is not None:
+                await client.close()
+
 
 async def _timed(name: str, timings: dict[str, float], call: Awaitable[Any]) -> Any:
     started = time.perf_counter()

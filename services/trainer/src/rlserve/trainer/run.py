@@ -338,6 +338,7 @@ async def _train_on_services(
         raise
     finally:
         trainer.discard_next_generation()  # a stopped or failed run's early generation
+        await trainer.clients.close()
         log.close()
         if server is not None:
             await server.stop(grace=1.0)
