@@ -10,8 +10,8 @@ process (`bench_reward_scaling.ApiServer`: answers {"score": len(response_text)}
 replicas, the service's default max_ongoing_requests) deployed once per kind: `rule`
 (gsm8k) and `http`.
 
-Per kind: each of --clients clients (its own gRPC channel, `ServiceClient` without
-retries, the cluster's token) sends ComputeReward calls of --samples-per-call samples
+Per kind: each of --clients clients (its own gRPC channel to Serve's proxy, `ServiceClient`
+without retries, the cluster's token) sends ComputeReward calls of --samples-per-call samples
 back to back for --seconds and checks every score against the one it must be. A call
 that fails, times out or answers a wrong score counts as an error (the run goes on).
 Latency is per call, as the client sees it (Serve queues calls beyond the replicas'
@@ -124,6 +124,7 @@ async def _load(
             APP,
             timeout_s,
             RetryPolicy(retries=0),
+            direct=False,  # through Serve's proxy, as callers off the cluster come in
         )
         call = index
         while time.monotonic() < ends:

@@ -329,6 +329,7 @@ async def _drive(
         APP_NAME,
         call_timeout_s,
         RetryPolicy(retries=0),
+        direct=False,  # the proxy balances the replicas (and 1 replica is the baseline)
     )
     start_s = time.monotonic()
     window_start_s = start_s + warmup_s

@@ -146,6 +146,7 @@ async def _calls(servicer: CountingReward, metadatas: list[list[tuple[str, str]]
                 "reward",
                 timeout_s=10,
                 policy=RetryPolicy(retries=0),
+                direct=False,  # this server, never a Serve app of the session's cluster
             )
             outcomes.append(await client.call("ComputeReward", _request()))
     finally:

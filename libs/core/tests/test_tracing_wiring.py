@@ -74,6 +74,7 @@ async def _serve_and_call(servicer: FlakyReward, calls: list[str]) -> list[objec
         "reward",
         timeout_s=10,
         policy=RetryPolicy(retries=2, initial_backoff_s=0.01),
+        direct=False,  # this server, never a Serve app of the session's cluster
     )
     outcomes: list[object] = []
     try:

@@ -17,7 +17,9 @@ from rlserve.v1 import reward_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 async def _exercise() -> tuple[RunControl, trainer_pb2.GetStatusResponse, int, int]:
     nobody = open_channel(f"127.0.0.1:{free_port()}")  # nothing listens there
-    reward = ServiceClient(nobody, reward_pb2_grpc.RewardServiceStub, "reward", timeout_s=2)
+    reward = ServiceClient(
+        nobody, reward_pb2_grpc.RewardServiceStub, "reward", timeout_s=2, direct=False
+    )
     control = RunControl(state=trainer_pb2.RUN_STATE_RUNNING, step=3, total_steps=10)
     server, port = await serve_control(control, 0, {"reward": reward})
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
