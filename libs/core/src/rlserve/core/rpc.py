@@ -131,6 +131,7 @@ class ServiceClient:
         self.direct = direct
         self._direct_channel: grpc.aio.Channel | None = None
         self._direct_stub: Any = None
+        self._retired_channels: list[grpc.aio.Channel] = []
         self._looked_up_at = -math.inf
 
     async def _route(self, direct_allowed: bool) -> tuple[str, Any]:
@@ -150,14 +151,19 @@ class ServiceClient:
             return "proxy", self.stub
         return "direct", self._direct_stub
 
-    async def _forget_direct_route(self) -> None:
-        channel, self._direct_channel, self._direct_stub = self._direct_channel, None, None
-        if channel is not None:
-            await channel.close()
+    def _forget_direct_route(self) -> None:
+        """Stops using the direct channel; it stays open until `close` (closing it now
+        would cancel this client's other calls still running on it)."""
+        if self._direct_channel is not None:
+            self._retired_channels.append(self._direct_channel)
+        self._direct_channel = self._direct_stub = None
 
     async def close(self) -> None:
-        """Closes the direct channel (the proxy channel belongs to whoever passed it)."""
-        await self._forget_direct_route()
+        """Closes the direct channels (the proxy channel belongs to whoever passed it)."""
+        self._forget_direct_route()
+        channels, self._retired_channels = self._retired_channels, []
+        for channel in channels:
+            await channel.close()
 
     async def call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
         """Calls `rpc` with retries; raises the last grpc.aio.AioRpcError when out of tries."""
@@ -187,7 +193,7 @@ class ServiceClient:
                         # proxy at once, for every retry too, and a new lookup later.
                         logger.info("%s: direct route failed (%s)", self.application, error)
                         direct_allowed = False
-                        await self._forget_direct_route()
+                        self._forget_direct_route()
                         if span.is_recording():
                             span.set_attribute("rlserve.route", "proxy")
                         return await getattr(self.stub, rpc)(
