@@ -281,12 +281,18 @@ def group_bundle_nodes(name: str) -> list[str]:
     return [by_index.get(index, "") for index in sorted(table["bundles"])]
 
 
+def serve_details() -> dict[str, Any]:
+    """What the Serve controller reports (ServeInstanceDetails as a dict: applications,
+    target_groups, ...); raises when no Serve runs on this cluster."""
+    from ray.serve.context import _get_global_client
+
+    return _get_global_client().get_serve_details()
+
+
 def serve_replicas(app: str) -> list[dict[str, Any]]:
     """Running replicas of a Serve app, as the Serve controller sees them:
     {deployment, replica_id, node_id, pid, required_resources}."""
-    from ray.serve.context import _get_global_client
-
-    details = _get_global_client().get_serve_details()
+    details = serve_details()
     application = (details.get("applications") or {}).get(app) or {}
     return [
         {

@@ -88,12 +88,11 @@ def direct_grpc_target(app: str) -> str | None:
 
     if not ray.is_initialized() or ray.util.client.ray.is_connected():
         return None
-    from ray.serve.context import _get_global_client
+    from rlserve.core.placement import serve_details
 
     try:
-        client = _get_global_client(raise_if_no_controller_running=False)
-        details = client.get_serve_details() if client is not None else {}
-    except Exception as error:  # Serve unreachable: the proxy route still stands
+        details = serve_details()
+    except Exception as error:  # no Serve, or unreachable: the proxy route still stands
         logger.debug("no direct route to %s: %s", app, error)
         return None
     targets = [

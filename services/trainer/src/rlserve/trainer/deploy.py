@@ -19,6 +19,7 @@ from rlserve.core.placement import (
     ensure_placement_group,
     group_bundle_nodes,
     nodes_matching,
+    serve_details,
     serve_replicas,
 )
 from rlserve.core.reward_settings import RewardSettings
@@ -269,9 +270,7 @@ def deploy_services(
 
 def declared_applications() -> dict[str, dict[str, Any]]:
     """The Serve config entries of the apps deployed declaratively, by name."""
-    from ray.serve.context import _get_global_client
-
-    details = _get_global_client().get_serve_details()
+    details = serve_details()
     return {
         name: app["deployed_app_config"]
         for name, app in (details.get("applications") or {}).items()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlserve.core import placement
 from rlserve.core.resources import ObjectStoreUse, ProcessMemory, object_store_use, service_memory
 from rlserve.core.rpc import ServiceClient, open_channel
 from rlserve.trainer.control import failure_detail, service_info
@@ -60,11 +61,10 @@ class ClusterReport:
 
 def serve_details() -> dict:
     """Serve's own account of its apps; raises RuntimeError when Serve is not running."""
-    from ray.serve.context import _get_global_client
     from ray.serve.exceptions import RayServeException
 
     try:
-        return _get_global_client().get_serve_details()
+        return placement.serve_details()
     except RayServeException:
         raise RuntimeError("Serve is not running on this cluster: no services to check") from None
 

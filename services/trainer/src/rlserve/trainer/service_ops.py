@@ -28,6 +28,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from rlserve.core.config import ConfigError
+from rlserve.core.placement import serve_details
 from rlserve.trainer.deploy import declared_applications, deploy_applications, remove_application
 
 # Services whose one replica owns training state (DeepSpeed engines, optimizer): more
@@ -106,9 +107,7 @@ def scale(name: str, timeout_s: float, **counts: Any) -> dict[str, Any]:
 
 def status_rows() -> list[tuple[str, str, str, str]]:
     """(app, status, deployment, replicas with their nodes) for every Serve app."""
-    from ray.serve.context import _get_global_client
-
-    details = _get_global_client().get_serve_details()
+    details = serve_details()
     rows = []
     for name, app in sorted((details.get("applications") or {}).items()):
         for deployment_name, deployment in (app.get("deployments") or {}).items():
