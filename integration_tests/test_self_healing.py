@@ -163,7 +163,7 @@ def _run_in_thread(config, inputs, run_dir: Path, address: str):
     return thread, outcome
 
 
-def _wait_for_step(metrics_path: Path, step: int, thread: threading.Thread) -> None:
+def _wait_for_step(metrics_path: Path, step: int, thread: threading.Thread, outcome: dict) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and thread.is_alive():
         if metrics_path.exists() and any(
@@ -171,6 +171,8 @@ def _wait_for_step(metrics_path: Path, step: int, thread: threading.Thread) -> N
         ):
             return
         time.sleep(0.1)
+    if "error" in outcome:  # the run's own failure says more than a missing step
+        raise AssertionError(f"the run stopped before step {step}") from outcome["error"]
     raise AssertionError(f"the run did not reach step {step}")
 
 
@@ -228,7 +230,7 @@ def test_a_run_that_loses_workers_and_a_replica_recovers_with_uninterrupted_metr
         (4, _kill_reward_replica),
     ]
     for step, kill in kills:
-        _wait_for_step(metrics_path, step, thread)
+        _wait_for_step(metrics_path, step, thread, outcome)
         kill()
     thread.join(timeout=600)
     assert not thread.is_alive(), "the run did not finish"

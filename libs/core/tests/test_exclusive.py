@@ -123,7 +123,7 @@ def test_a_broken_state_refuses_work_and_fails_the_health_check_until_known():
     assert "LoadCheckpoint" in error.value.message
     assert access.problems() == [
         "weights may be inconsistent: UpdateCritic step 3 failed part-way "
-        "(RuntimeError('rank 1 died'))"
+        "(RuntimeError: rank 1 died)"
     ]
     access.mark_known()
     assert access.problems() == []

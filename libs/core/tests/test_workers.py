@@ -1,6 +1,8 @@
 """WorkerGroup on the session's Ray cluster: rendezvous, split/pad/collect, per-rank calls."""
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -59,6 +61,14 @@ class RankWorker:
             "auth_mode": os.environ.get("RAY_AUTH_MODE"),
         }
 
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
     def fail(self):
         from rlserve.core.serving import invalid_argument
 
@@ -111,6 +121,37 @@ def test_worker_exceptions_arrive_unwrapped(group):
     with pytest.raises(RpcError, match=r"^x: bad$") as error:
         asyncio.run(group.run_all("fail"))
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_call_whose_worker_dies_fails_at_once_unavailable_and_the_group_reports_it(
+    serve_cluster,
+):
+    """Rank 1 killed while both ranks work: the call fails without waiting for rank 0,
+    and the health check reports the death without waiting for a ping."""
+    import grpc
+
+    from rlserve.core.serving import RpcError
+
+    group = WorkerGroup(RankWorker, 2, {"offset": 0}, num_cpus_per_worker=0.25)
+    try:
+        pids = asyncio.run(group.run_all("pid"))
+
+        async def call_and_kill() -> tuple[RpcError, float]:
+            call = asyncio.ensure_future(group.run_all("sleep", 60.0))
+            await asyncio.sleep(1.0)
+            killed_at = time.monotonic()
+            os.kill(pids[1], signal.SIGKILL)
+            with pytest.raises(RpcError) as error:
+                await call
+            return error.value, time.monotonic() - killed_at
+
+        error, failed_after_s = asyncio.run(call_and_kill())
+        assert error.code == grpc.StatusCode.UNAVAILABLE
+        assert error.message.startswith("rank 1 worker died"), error.message
+        assert failed_after_s < 30, failed_after_s  # rank 0 sleeps on for 59 s
+        assert group.dead_workers() == [error.message]
+    finally:
+        group.shutdown()
 
 
 def test_unschedulable_workers_fail_fast_naming_the_shortfall(serve_cluster):

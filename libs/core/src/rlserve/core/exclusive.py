@@ -80,7 +80,7 @@ class ExclusiveAccess:
             )
 
     def mark_broken(self, what: str, error: BaseException) -> None:
-        self.broken = f"{what} failed part-way ({error!r:.200})"
+        self.broken = f"{what} failed part-way ({type(error).__name__}: {str(error)[:200]})"
 
     def mark_known(self) -> None:
         self.broken = None

@@ -24,8 +24,12 @@ for it; with tracing off, or in an unsampled step, a call is the plain
 
 Health: `dead_workers()` is the Serve health check's view of the group. Each worker has
 one trivial ping outstanding at a time; a ping queued behind a long update simply waits
-(a busy worker is alive), while the ping of a worker whose process died resolves at once
-with Ray's actor-died error, which is what the check reports. Nothing blocks.
+(a busy worker is alive), while the ping of a worker whose process died resolves with
+Ray's actor-died error, which is what the check reports. Nothing blocks. A call that
+finds its worker dead fails at once, without waiting for the other ranks (they may be
+stuck in a collective with it), as UNAVAILABLE naming the rank, and the group reports
+that worker dead from then on: the caller that asks GetInfo right after the failure
+must not find the replica healthy just because the ping has not resolved yet.
 
 Allocator: worker processes run with jemalloc (the copy Ray's wheel ships, preloaded)
 unless RLSERVE_WORKER_ALLOCATOR=system. glibc's malloc keeps freed tensor memory in
@@ -33,6 +37,7 @@ fragmented heaps: one SmolLM2-135M actor worker (generate, log-probs, update, 3 
 peaked at 3.62 GiB resident with glibc and 3.01 GiB with jemalloc, no slower.
 """
 
+import asyncio
 import importlib
 import logging
 import os
@@ -55,6 +60,7 @@ from rlserve.core.placement import (
     ensure_placement_group,
 )
 from rlserve.core.service_config import WorkerDeployment
+from rlserve.core.serving import unavailable
 
 
 def distributed_address() -> tuple[str, int]:
@@ -185,6 +191,14 @@ def _setup_worker_tracing(worker: Any, setup: tracing.TracingSetup, rank: int) -
     )
 
 
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0][:200]
+
+
+def _died_line(rank: int, error: Exception) -> str:
+    return f"rank {rank} worker died: {_first_line(error)}"
+
+
 def _ping(host: WorkerHost) -> None:
     """Runs in a worker actor (via __ray_call__): proves the process is alive."""
 
@@ -200,17 +214,6 @@ def _traced_call(
         tracing.span(f"worker.{method}", rank=rank, batch_size=batch_size),
     ):
         return host.call(method, *args, **kwargs)
-
-
-async def _gather(refs: list[Any]) -> list[Any]:
-    """Awaits every ref; a worker's exception is re-raised as itself, not wrapped."""
-    try:
-        return [await ref for ref in refs]
-    except RayTaskError as error:
-        # The cause is the worker's own exception (e.g. an RpcError naming a field).
-        if isinstance(error.cause, Exception):
-            raise error.cause from None
-        raise
 
 
 class WorkerGroup:
@@ -247,6 +250,7 @@ class WorkerGroup:
         runtime_env = {"env_vars": worker_env_vars()}
         self.workers = []
         self._pings: list[Any] = []
+        self._died: dict[int, str] = {}  # rank -> why, as calls found it
         for rank in range(num_workers):
             options: dict[str, Any] = {"num_cpus": num_cpus_per_worker, "num_gpus": gpus}
             if group is not None:
@@ -317,7 +321,7 @@ class WorkerGroup:
     async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Calls `method` on every rank with the same arguments; results by rank."""
         refs = [self._call(worker, method, args, kwargs) for worker in self.workers]
-        return await _gather(refs)
+        return await self._gather(refs)
 
     async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
         """Splits `batch` across ranks (padding to equal shares), runs, collects in order.
@@ -334,7 +338,32 @@ class WorkerGroup:
             self._call(worker, method, (item,), kwargs)
             for worker, item in zip(self.workers, per_rank, strict=True)
         ]
-        return await _gather(refs)
+        return await self._gather(refs)
+
+    async def _gather(self, refs: list[Any]) -> list[Any]:
+        """Every rank's result, in rank order. Raises as soon as one rank fails: its own
+        exception (e.g. an RpcError naming a field) as itself, not wrapped; a dead
+        worker as UNAVAILABLE naming its rank."""
+
+        async def result(rank: int, ref: Any) -> Any:
+            try:
+                return await ref
+            except RayTaskError as error:
+                if isinstance(error.cause, Exception):
+                    raise error.cause from None
+                raise
+            except ray.exceptions.ActorDiedError as error:
+                self._died[rank] = _died_line(rank, error)
+                raise unavailable(self._died[rank]) from None
+            except ray.exceptions.RayActorError as error:  # unreachable, maybe not dead
+                raise unavailable(f"rank {rank} worker: {_first_line(error)}") from None
+
+        tasks = [asyncio.ensure_future(result(rank, ref)) for rank, ref in enumerate(refs)]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # the others' results no longer matter
+                task.cancel()
 
     def _call(self, worker: Any, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         """One actor call; inside the caller's trace when that trace is sampled (an
@@ -358,13 +387,16 @@ class WorkerGroup:
             self._pings = [worker.__ray_call__.remote(_ping) for worker in self.workers]
         dead = []
         for rank, ping in enumerate(self._pings):
+            if rank in self._died:
+                dead.append(self._died[rank])
+                continue
             ready, _ = ray.wait([ping], timeout=0, fetch_local=False)
             if not ready:
                 continue
             try:
                 ray.get(ping)
             except ray.exceptions.RayActorError as error:
-                dead.append(f"rank {rank} worker died: {str(error).splitlines()[0][:200]}")
+                dead.append(_died_line(rank, error))
                 continue
             self._pings[rank] = self.workers[rank].__ray_call__.remote(_ping)
         return dead

@@ -94,10 +94,22 @@ class Recovery:
             f"[yellow]step {failed_step} failed ({error.code().name}): {_describe(lost)}; "
             f"waiting for the services, then restoring {checkpoint.name}[/yellow]"
         )
-        await wait_until_answering(trainer.clients, self.timeout_s)
-        answered_at = time.perf_counter()
-        state = read_trainer_state(checkpoint)
-        await trainer.load_checkpoint(checkpoint, state)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            await wait_until_answering(trainer.clients, deadline, self.timeout_s)
+            answered_at = time.perf_counter()
+            try:
+                await trainer.load_checkpoint(checkpoint, read_trainer_state(checkpoint))
+                break
+            except grpc.aio.AioRpcError as again:
+                # A replica that answered GetInfo can still be on its way out (its
+                # worker died a moment ago): wait for its replacement, restore again.
+                if again.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                console.print(
+                    f"[yellow]restoring {checkpoint.name} failed ({again.details()}); "
+                    "waiting for the services again[/yellow]"
+                )
         truncate_after(log_path, trainer.state.step)
         event = RecoveryEvent(
             failed_step=failed_step,
@@ -153,9 +165,9 @@ async def lost_services(trainer: Any) -> dict[str, str]:
     return lost
 
 
-async def wait_until_answering(clients: Any, timeout_s: float) -> None:
-    """Returns once every service in use answers GetInfo; RuntimeError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
+async def wait_until_answering(clients: Any, deadline: float, timeout_s: float) -> None:
+    """Returns once every service in use answers GetInfo; RuntimeError past `deadline`
+    (time.monotonic()), the end of the recovery's `timeout_s`."""
     roles = _in_use(clients)
     waiting: dict[str, str] = {}
     while True:
