@@ -77,6 +77,28 @@ def test_updates_are_idempotent_by_step(controller, make_batch):
     assert run(controller.update_critic(0, batch))[1:] == (1, True)  # still replayable
 
 
+def test_reset_returns_to_the_initial_values_with_a_fresh_optimizer(
+    critic_model_dir, in_process_group, make_batch
+):
+    config = CriticServiceConfig(
+        model_path=str(critic_model_dir), ppo_mini_batch_samples=4, micro_batch_samples=2
+    )
+    controller = controller_for(config, in_process_group([joined_worker(config)]))
+    batch = make_batch(8, seed=3)
+    initial = values_of(controller, batch)[0]
+    first, _, _ = run(controller.update_critic(0, batch))
+    after_first = values_of(controller, batch)[0]
+    run(controller.update_critic(1, make_batch(4, seed=4)))
+
+    assert run(controller.reset()) == (0, -1)
+    values, version, _ = values_of(controller, batch)
+    assert version == 0 and torch.equal(values, initial)
+    again, version, replayed = run(controller.update_critic(0, batch))
+    assert (version, replayed) == (1, False)
+    assert again["vf_loss"] == first["vf_loss"] and again["grad_norm"] == first["grad_norm"]
+    assert torch.equal(values_of(controller, batch)[0], after_first)
+
+
 def test_steps_that_skip_ahead_are_refused_and_poison_nothing(controller, make_batch):
     """Issue 12 defect 6: step 2^63-1 was applied, and every later real step refused."""
     batch = make_batch(4, seed=14)

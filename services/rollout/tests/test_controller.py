@@ -246,6 +246,33 @@ def test_replayed_step_returns_stored_result_and_does_not_train(service):
     assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
 
 
+def test_reset_returns_to_the_initial_weights_with_a_fresh_optimizer(process_group, tiny_model_dir):
+    """After two updates and a Reset, the service is the one deployed: version 0, no
+    applied step, the initial weights, and step 0 trains exactly as it did the first
+    time (the optimizer's moments are gone too)."""
+    service = Service(tiny_model_dir)
+    initial = service.worker.policy_weights()
+    batch = service.update_batch()
+    first = service.update_actor(0, 0, batch)
+    after_first = service.worker.policy_weights()
+    service.update_actor(1, 1, service.update_batch(advantage=-1.0))
+
+    assert service.reset() == (0, -1)
+    assert service.controller.last_applied_step == -1
+    weights = service.worker.policy_weights()
+    assert all(torch.equal(weights[k], w) for k, w in initial.items())
+    generated, _ = service.generate(prompts_batch(), SAMPLING)
+    assert generated.meta["weights_version"] == 0  # the generation engine follows
+    scored, _ = service.compute_log_prob(generated)
+    torch.testing.assert_close(
+        scored["log_probs"], generated["rollout_log_probs"], atol=1e-4, rtol=0
+    )
+    again = service.update_actor(0, 0, batch)
+    assert not again.replayed and again.metrics["pg_loss"] == first.metrics["pg_loss"]
+    weights = service.worker.policy_weights()
+    assert all(torch.equal(weights[k], w) for k, w in after_first.items())
+
+
 def test_old_steps_whose_result_is_gone_are_rejected(service):
     start = service.controller.last_applied_step + 1
     for step in (start, start + 1, start + 2):  # keeps 2 results: start is dropped

@@ -76,7 +76,7 @@ class ExclusiveAccess:
         if self.broken is not None:
             raise failed_precondition(
                 f"the {self.role}'s weights may be inconsistent: {self.broken}; call "
-                "LoadCheckpoint to restore a known state"
+                "LoadCheckpoint to restore a known state, or Reset for the initial one"
             )
 
     def mark_broken(self, what: str, error: BaseException) -> None:

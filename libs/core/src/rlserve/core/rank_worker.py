@@ -6,8 +6,10 @@ model, where it computes, its threads: `RankSetup.of(service config)`) before th
 worker's own plain arguments. WorkerGroup calls `node_address` on rank 0 and
 `init_distributed` on every rank, and the service's controller asks `info` once for
 GetInfo. `TrainingRankWorker` adds what the two training services share: the DeepSpeed
-engine built from `OptimizerSettings` once the process group exists, and the engine's
-part of every checkpoint (check, save, load) under `<checkpoint>/deepspeed`.
+engine built from `OptimizerSettings` once the process group exists, the engine's
+part of every checkpoint (check, save, load) under `<checkpoint>/deepspeed`, and
+`reset`: a new engine from the initial weights, in the same process (no imports, no
+new process group), so a deployed service can start another run.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class RankWorker:
 class TrainingRankWorker(RankWorker):
     """A rank that trains `self.engine` (DeepSpeed) and keeps the engine's state under
     `<checkpoint>/<training.DEEPSPEED_SUBDIR>`; a subclass builds its module in
-    init_distributed, then calls `_build_engine`."""
+    init_distributed, then calls `_build_engine`, and defines `reset`."""
 
     def __init__(self, rank: int, world_size: int, setup: RankSetup, optimizer: OptimizerSettings):
         super().__init__(rank, world_size, setup)
@@ -103,6 +105,17 @@ class TrainingRankWorker(RankWorker):
 
     def _build_engine(self, module: torch.nn.Module) -> None:
         self.engine = build_training_engine(module, self.optimizer_settings, self.dtype)
+
+    def _drop_engine(self) -> None:
+        """Frees the engine (weights, optimizer state, gradients) before a new one is
+        built in this process: two at once would double the rank's memory."""
+        import gc
+
+        self.engine.destroy()
+        self.engine = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def gathered_weights(self) -> dict[str, torch.Tensor]:
         """The trained module's full state dict; call on every rank (a collective under

@@ -90,3 +90,15 @@ class CriticServiceLoadCheckpointResponse(_message.Message):
     weights_version: int
     last_applied_step: int
     def __init__(self, weights_version: _Optional[int] = ..., last_applied_step: _Optional[int] = ...) -> None: ...
+
+class CriticServiceResetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CriticServiceResetResponse(_message.Message):
+    __slots__ = ("weights_version", "last_applied_step")
+    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_STEP_FIELD_NUMBER: _ClassVar[int]
+    weights_version: int
+    last_applied_step: int
+    def __init__(self, weights_version: _Optional[int] = ..., last_applied_step: _Optional[int] = ...) -> None: ...

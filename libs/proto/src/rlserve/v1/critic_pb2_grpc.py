@@ -60,6 +60,11 @@ class CriticServiceStub:
                 request_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLoadCheckpointRequest.SerializeToString,
                 response_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLoadCheckpointResponse.FromString,
                 _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/rlserve.v1.CriticService/Reset',
+                request_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetRequest.SerializeToString,
+                response_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetResponse.FromString,
+                _registered_method=True)
 
 
 class CriticServiceServicer:
@@ -101,6 +106,14 @@ class CriticServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reset(self, request, context):
+        """Back to the state the service was deployed in: the initial critic weights and optimizer
+        state, weights version 0, no applied step. Lets a new run reuse a deployed service.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CriticServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +141,11 @@ def add_CriticServiceServicer_to_server(servicer, server):
                     servicer.LoadCheckpoint,
                     request_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLoadCheckpointRequest.FromString,
                     response_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLoadCheckpointResponse.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetRequest.FromString,
+                    response_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +284,33 @@ class CriticService:
             '/rlserve.v1.CriticService/LoadCheckpoint',
             rlserve_dot_v1_dot_critic__pb2.CriticServiceLoadCheckpointRequest.SerializeToString,
             rlserve_dot_v1_dot_critic__pb2.CriticServiceLoadCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlserve.v1.CriticService/Reset',
+            rlserve_dot_v1_dot_critic__pb2.CriticServiceResetRequest.SerializeToString,
+            rlserve_dot_v1_dot_critic__pb2.CriticServiceResetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,11 @@ class RolloutServiceStub:
                 request_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLoadCheckpointRequest.SerializeToString,
                 response_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLoadCheckpointResponse.FromString,
                 _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/rlserve.v1.RolloutService/Reset',
+                request_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetRequest.SerializeToString,
+                response_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -113,6 +118,14 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reset(self, request, context):
+        """Back to the state the service was deployed in: the initial weights and optimizer
+        state, weights version 0, no applied step. Lets a new run reuse a deployed service.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.LoadCheckpoint,
                     request_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLoadCheckpointRequest.FromString,
                     response_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLoadCheckpointResponse.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetRequest.FromString,
+                    response_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class RolloutService:
             '/rlserve.v1.RolloutService/LoadCheckpoint',
             rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLoadCheckpointRequest.SerializeToString,
             rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLoadCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlserve.v1.RolloutService/Reset',
+            rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetRequest.SerializeToString,
+            rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetResponse.FromString,
             options,
             channel_credentials,
             insecure,

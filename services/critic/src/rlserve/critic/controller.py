@@ -295,6 +295,23 @@ class CriticController(WorkerController):
 
         return await self.access.run("LoadCheckpoint", work, deadline, atomic=True)
 
+    async def reset(self, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
+        """Back to the deployed state (initial weights, value head zero, fresh optimizer,
+        version 0, no applied step); returns (weights_version, last_applied_step)."""
+
+        async def work() -> tuple[int, int]:
+            try:
+                await self.group.run_all("reset")
+            except BaseException as error:
+                self.access.mark_broken("Reset", error)
+                raise
+            self.steps = StepLedger(REPLAY_HISTORY_STEPS)
+            self.weights_version = 0
+            self.access.mark_known()
+            return self.weights_version, self.last_applied_step
+
+        return await self.access.run("Reset", work, deadline, atomic=True)
+
 
 CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "applied")
 """What SaveCheckpoint stores beside the weights (DeepSpeed's client_state)."""

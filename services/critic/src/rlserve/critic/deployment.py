@@ -35,7 +35,7 @@ def _deadline(grpc_context) -> Deadline:
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
 class CriticDeployment:
-    """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint."""
+    """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint, Reset."""
 
     def __init__(self, config: CriticServiceConfig):
         setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
@@ -105,5 +105,12 @@ class CriticDeployment:
             request.location.path, _deadline(grpc_context)
         )
         return critic_pb2.CriticServiceLoadCheckpointResponse(
+            weights_version=weights_version, last_applied_step=step
+        )
+
+    @rpc_method(critic_pb2.CriticServiceResetResponse)
+    async def Reset(self, request, grpc_context):
+        weights_version, step = await self.controller.reset(_deadline(grpc_context))
+        return critic_pb2.CriticServiceResetResponse(
             weights_version=weights_version, last_applied_step=step
         )

@@ -50,15 +50,28 @@ class CriticWorker(TrainingRankWorker):
         super().__init__(rank, world_size, setup, optimizer)
         self.loss = loss
         self.forward_micro_batch_samples = forward_micro_batch_samples
-        self.model = load_value_model(setup.model_path, setup.dtype).to(self.device)
-        if gradient_checkpointing:
-            self.model.backbone.gradient_checkpointing_enable({"use_reentrant": False})
+        self.gradient_checkpointing = gradient_checkpointing
+        self.model = self._initial_model()
+
+    def _initial_model(self) -> torch.nn.Module:
+        model = load_value_model(self.model_path, self.dtype).to(self.device)
+        if self.gradient_checkpointing:
+            model.backbone.gradient_checkpointing_enable({"use_reentrant": False})
+        return model
 
     # ---- process group ----------------------------------------------------------------
 
     def init_distributed(self, address: str, port: int) -> None:
         """Joins the gloo group, then wraps the model in its DeepSpeed engine."""
         super().init_distributed(address, port)
+        self._build_engine(self.model)
+
+    def reset(self) -> None:
+        """The initial weights (value head zero) in a new engine with a fresh optimizer;
+        every rank (DeepSpeed's set-up is a collective)."""
+        self._drop_engine()
+        self.model = None
+        self.model = self._initial_model()
         self._build_engine(self.model)
 
     def info(self) -> dict[str, Any]:

@@ -24,7 +24,10 @@ It owns what is service-wide rather than per rank:
   one at a time, so a generation can never see half-updated weights. An update or
   checkpoint load that fails after it reached the workers may have left weights
   changed, so the controller refuses further work (FAILED_PRECONDITION) until a
-  LoadCheckpoint succeeds.
+  LoadCheckpoint or Reset succeeds.
+- **Reset** puts the service back where its deployment left it (initial weights in a
+  new DeepSpeed engine, fresh optimizer, version 0, empty ledger), in the same worker
+  processes: a new run on a deployed service starts in seconds, not a redeployment.
 - **Checkpoints** live under the configured `checkpoint_root`; requests name them by a
   relative path (rlserve.core.checkpoint_paths refuses anything that could leave the
   root). A load first has every rank read its state files weights-only, changing
@@ -434,6 +437,24 @@ class RolloutController:
             raise
         self.access.mark_known()
         return self.weights_version, self.last_applied_step
+
+    async def reset(self, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
+        """Back to the deployed state (initial weights, fresh optimizer, version 0, no
+        applied step); returns (weights_version, last_applied_step). Works on a broken
+        state too: it is a way back to a known one."""
+
+        async def work() -> tuple[int, int]:
+            try:
+                await self.workers.run_all("reset")
+            except BaseException as error:
+                self.access.mark_broken("Reset", error)
+                raise
+            self.steps = StepLedger(self.settings.kept_update_results)
+            self.weights_version = 0
+            self.access.mark_known()
+            return self.weights_version, self.last_applied_step
+
+        return await self.access.run("Reset", work, deadline, atomic=True)
 
     async def info(self) -> dict[str, Any]:
         """model, engine, weights_version, last_applied_step and workers (by rank)."""

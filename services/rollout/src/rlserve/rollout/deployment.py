@@ -157,6 +157,14 @@ class RolloutDeployment:
             weights_version=version, last_applied_step=step
         )
 
+    @rpc_method(rollout_pb2.RolloutServiceResetResponse)
+    async def Reset(self, request, grpc_context):
+        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+        version, step = await self.controller.reset(deadline)
+        return rollout_pb2.RolloutServiceResetResponse(
+            weights_version=version, last_applied_step=step
+        )
+
 
 def _optional(request, field: str) -> int | None:
     return getattr(request, field) if request.HasField(field) else None

@@ -197,17 +197,29 @@ class ActorWorker(TrainingRankWorker):
 
     def init_distributed(self, address: str, port: int) -> None:
         super().init_distributed(address, port)
-        settings = self.optimizer_settings
+        self._build_policy_engine()
+        self.generation_shares_weights = (
+            self.engine_name == "hf"
+            and self.optimizer_settings.zero_stage < 3
+            and self.lora is None
+        )
+        self.generation = self._make_generation_engine()
+        # A LoRA actor's reference is its own base (adapters off): no second copy.
+        if self.serve_reference and self.lora is None:
+            self.reference = load_causal_lm(self.model_path, self.dtype).to(self.device).eval()
+            self.reference.requires_grad_(False)
+
+    def _build_policy_engine(self) -> None:
+        """The DeepSpeed engine around the initial policy (LoRA adapters added)."""
         policy = load_causal_lm(self.model_path, self.dtype).to(self.device)
         if self.gradient_checkpointing:
             policy.gradient_checkpointing_enable({"use_reentrant": False})
         if self.lora is not None:
             policy = add_lora(policy, self.lora.rank, self.lora.alpha, self.lora.target_modules)
         self._build_engine(policy)
-        self.generation_shares_weights = (
-            self.engine_name == "hf" and settings.zero_stage < 3 and self.lora is None
-        )
-        self.generation = make_generation_engine(
+
+    def _make_generation_engine(self) -> GenerationEngine:
+        return make_generation_engine(
             self.engine_name,
             self.model_path,
             self.dtype,
@@ -216,10 +228,21 @@ class ActorWorker(TrainingRankWorker):
             vllm=self.vllm,
             shared_model=self.engine.module if self.generation_shares_weights else None,
         )
-        # A LoRA actor's reference is its own base (adapters off): no second copy.
-        if self.serve_reference and self.lora is None:
-            self.reference = load_causal_lm(self.model_path, self.dtype).to(self.device).eval()
-            self.reference.requires_grad_(False)
+
+    def reset(self) -> None:
+        """The initial policy in a new engine with a fresh optimizer, and the generation
+        engine on those weights; every rank (DeepSpeed's set-up is a collective). A
+        generation engine with weights of its own (vLLM) stays and is sent the initial
+        weights: building it again would cost as much as a new deployment. The frozen
+        reference never changed."""
+        if self.generation_shares_weights:
+            self.generation = None  # it holds the old engine's module
+        self._drop_engine()
+        self._build_policy_engine()
+        if self.generation_shares_weights:
+            self.generation = self._make_generation_engine()
+        else:
+            self._sync_generation_weights()
 
     def model_limits(self) -> dict[str, int]:
         """vocab_size (ids must be below it) and max_positions of the policy."""

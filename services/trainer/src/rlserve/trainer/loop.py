@@ -710,6 +710,27 @@ class PPOTrainer:
         """`directory/role` as the services name it: relative to their checkpoint root."""
         return service_checkpoint_name(self.config.trainer.run_dir, directory, role)
 
+    async def reset_used_services(self) -> list[str]:
+        """Resets the rollout and critic services when an earlier run left them trained
+        (weights version or applied steps past the deployed state), so this run starts
+        from the initial weights; returns the roles reset."""
+        used = []
+        for role, client, request in (
+            ("rollout", self.clients.rollout, rollout_pb2.RolloutServiceGetInfoRequest()),
+            ("critic", self.clients.critic, critic_pb2.CriticServiceGetInfoRequest()),
+        ):
+            if client is None:
+                continue
+            info = (await client.call("GetInfo", request)).info
+            if info.weights_version != 0 or info.last_applied_step != -1:
+                used.append((role, client))
+        resets = {
+            "rollout": rollout_pb2.RolloutServiceResetRequest(),
+            "critic": critic_pb2.CriticServiceResetRequest(),
+        }
+        await asyncio.gather(*(client.call("Reset", resets[role]) for role, client in used))
+        return [role for role, _ in used]
+
     async def load_checkpoint(self, directory: Path, trainer_state: dict[str, Any]) -> None:
         self.discard_next_generation()
         loads = [

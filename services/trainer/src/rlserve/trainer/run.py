@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import grpc
+import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -78,10 +79,11 @@ class RunSummary:
     recoveries: list[RecoveryEvent]
     """Each time the run restored its services from a checkpoint after losing one."""
     phases_s: dict[str, float]
-    """Seconds per phase of the command, in order: prepare (the embedded default's
-    warm-up), Ray + Serve start, deploy (and deploy/<role>: each service's time to
-    running), trainer set-up, the first evaluation and checkpoint, the PPO steps, the
-    last evaluation and checkpoint, teardown."""
+    """Seconds per phase of the command, in order: the process's start (interpreter,
+    imports, config), prepare (the embedded default's warm-up), Ray + Serve start,
+    deploy (and deploy/<role>: each service's time to running), trainer set-up (with
+    reset_services when an earlier run had trained them), the first evaluation and
+    checkpoint, the PPO steps, the last evaluation and checkpoint, teardown."""
     accuracy_before: float | None
     accuracy_after: float | None
     train_s: float
@@ -89,6 +91,12 @@ class RunSummary:
     checkpoint: str | None
     curves_png: str | None
     metrics_jsonl: str
+    first_step_unix_s: float | None = None
+    """Wall-clock time (Unix seconds) when this run's first PPO step began; None when
+    it ran none."""
+    startup_s: float | None = None
+    """From the start of the command's process to its first PPO step: what a user
+    waits (`train` fills it in; None for a run given already deployed services)."""
 
 
 def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
@@ -261,6 +269,15 @@ async def _train_on_services(
         await trainer.load_checkpoint(resume_from, state)
         truncate_after(log.path, trainer.state.step)
         console.print(f"resumed from {resume_from} at step {trainer.state.step}")
+    else:
+        reset_started = time.perf_counter()
+        reset = await trainer.reset_used_services()
+        if reset:
+            phases["reset_services"] = time.perf_counter() - reset_started
+            console.print(
+                f"reset {', '.join(reset)} to the deployed initial weights (an earlier run "
+                f"had trained them) in {phases['reset_services']:.1f} s"
+            )
 
     every_eval = config.rollout.eval_every_steps
     every_ckpt = config.trainer.checkpoint_every_steps
@@ -284,6 +301,7 @@ async def _train_on_services(
     control.step = trainer.state.step
     checkpoint = None
     train_started = time.perf_counter()
+    first_step_unix_s = time.time() if trainer.state.step < config.trainer.total_steps else None
     progress = Progress(
         TextColumn("PPO"),
         BarColumn(),
@@ -361,6 +379,7 @@ async def _train_on_services(
         total_s=time.perf_counter() - started,
         checkpoint=str(checkpoint) if checkpoint else None,
         curves_png=str(curves),
+        first_step_unix_s=first_step_unix_s,
         metrics_jsonl=str(log.path),
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
@@ -429,7 +448,9 @@ def new_run_dir(config: RunConfig) -> Path:
 def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
     """Prepare, start the cluster, deploy, train, tear down what was started here."""
     total_started = time.perf_counter()
-    phases: dict[str, float] = {}
+    process_started_unix_s = psutil.Process().create_time()
+    # interpreter start, imports, config: before anything below could time it
+    phases: dict[str, float] = {"process_start": time.time() - process_started_unix_s}
     resume_from = latest_checkpoint(run_dir) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"{run_dir} holds no complete checkpoint to resume from")
@@ -487,8 +508,11 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
         teardown_s = time.perf_counter() - mark
     summary = replace(
         summary,
-        total_s=time.perf_counter() - total_started,
+        total_s=time.perf_counter() - total_started + phases["process_start"],
         phases_s={**phases, **summary.phases_s, "teardown": teardown_s},
+        startup_s=None
+        if summary.first_step_unix_s is None
+        else summary.first_step_unix_s - process_started_unix_s,
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
     return summary
@@ -519,6 +543,11 @@ def print_summary(summary: RunSummary) -> None:
         for event in summary.recoveries
     )
     phases = "  ".join(f"{name} {seconds:.1f}" for name, seconds in summary.phases_s.items())
+    startup = (
+        ""
+        if summary.startup_s is None
+        else f"\n  from the command's start to the first PPO step: {summary.startup_s:.1f} s"
+    )
     print(
         f"rlserve run finished: {summary.steps} PPO steps in {summary.train_s:.0f} s "
         f"(whole command {summary.total_s:.0f} s), seed {summary.seed}{warmup}\n"
@@ -528,5 +557,5 @@ def print_summary(summary: RunSummary) -> None:
         f"  metrics: {summary.metrics_jsonl} (TensorBoard: {summary.run_dir}/tensorboard)\n"
         f"  curves: {summary.curves_png}\n"
         f"  checkpoint: {summary.checkpoint}\n"
-        f"  seconds: {phases}{recoveries}"
+        f"  seconds: {phases}{startup}{recoveries}"
     )
