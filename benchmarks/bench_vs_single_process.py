@@ -14,9 +14,9 @@ model, reward model and prompts; steady state = the steps after the first
     .venv/bin/python benchmarks/bench_vs_single_process.py --modes sync -- actor.workers=2
 
 Prints per round: episodes/s of each, rlserve's step split (generate = waiting for the
-step's batch, forwards, updates), its start-up (command start to first step) and the
-whole command's time; then the medians, rlserve / baseline per mode, and one_step_off /
-sync.
+step's batch, forwards, updates), its start-up (the command's process start to its first
+step, with the phases) and the whole command's time; then the medians, rlserve /
+baseline per mode, and one_step_off / sync.
 """
 
 import argparse
@@ -72,10 +72,9 @@ def run_baseline(model_dir: Path, reward_dir: Path, prompts: Path, args) -> dict
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_rlserve(
-    model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Path, mode: str, args
-) -> dict:
-    overrides = [
+def workload_overrides(model_dir: Path, reward_dir: Path, prompts: Path, steps: int) -> list[str]:
+    """`rlserve train` overrides for the workload above (run_dir and mode not included)."""
+    return [
         f"model.path={model_dir}",
         f"data.train_path={prompts}",
         "reward.kinds.rule=null",
@@ -90,8 +89,16 @@ def run_rlserve(
         "critic.ppo_epochs=1",
         "critic.ppo_mini_batch_prompts=64",
         "algorithm.kl_ctrl.kl_coef=0.05",
-        f"trainer.total_steps={args.steps}",
+        f"trainer.total_steps={steps}",
         "trainer.checkpoint_every_steps=0",
+    ]
+
+
+def run_rlserve(
+    model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Path, mode: str, args
+) -> dict:
+    overrides = [
+        *workload_overrides(model_dir, reward_dir, prompts, args.steps),
         f"trainer.run_dir={run_parent}",
         f"rollout.mode={mode}",
         *args.overrides,
@@ -112,13 +119,15 @@ def run_rlserve(
         return statistics.fmean(r[key] for r in counted if key in r)
 
     step_s = mean("time/step_s")
-    phases = json.loads((run_dir / "summary.json").read_text())["phases_s"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    phases = summary["phases_s"]
     before_steps = list(phases)[: list(phases).index("ppo_steps")]
     return {
         "episodes_per_s": 64 / step_s,
         "mean_step_s": step_s,
         "stages_s": {stage: mean(f"time/{stage}_s") for stage in STAGES},
         "command_s": command_s,
+        "startup_s": summary["startup_s"],
         "startup_phases_s": {name: phases[name] for name in before_steps},
     }
 
@@ -158,8 +167,8 @@ def main() -> None:
             print(
                 f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
                 f"({mine['mean_step_s']:.3f} s/step: {stages})\n"
-                f"    start-up {sum(v for k, v in startup.items() if '/' not in k):.1f} s "
-                f"({phases}); whole command {mine['command_s']:.1f} s",
+                f"    command start to first step {mine['startup_s']:.1f} s ({phases}); "
+                f"whole command {mine['command_s']:.1f} s",
                 flush=True,
             )
     base_eps = statistics.median(b["episodes_per_s"] for b in baseline)

@@ -534,6 +534,14 @@ def test_lora_actor_trains_adapters_and_keeps_its_base_as_the_reference(
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert all(torch.equal(plain.state_dict()[k], merged[k]) for k in merged)
 
+    # Reset: adapters drawn again from the service's seed, so the same update lands on
+    # the same merged weights; the reference (the base) never moved.
+    assert lora.reset() == (0, -1)
+    assert all(torch.equal(v, base_before[k]) for k, v in worker.policy_weights().items())
+    assert torch.equal(worker.compute_ref_log_prob(batch)["ref_log_probs"], reference_before)
+    lora.update_actor(0, 0, batch)
+    assert all(torch.equal(v, merged[k]) for k, v in worker.policy_weights().items())
+
 
 def test_lora_refuses_zero_stage_3(tiny_model_dir):
     with pytest.raises(Exception, match="zero_stage: 3 partitions the base weights"):
@@ -608,6 +616,19 @@ def test_zero3_actor_scores_and_trains_through_partitioned_weights(process_group
     torch.testing.assert_close(
         after_zero3["log_probs"], after_plain["log_probs"], atol=1e-4, rtol=0
     )
+    # Reset rebuilds the partitioned engine and sends its own generation engine (not
+    # sharing the module under ZeRO-3) the initial weights.
+    assert zero3.reset() == (0, -1)
+    rescored, _ = zero3.compute_log_prob(batch)
+    torch.testing.assert_close(rescored["log_probs"], batch["old_log_probs"], atol=1e-5, rtol=0)
+    generated, _ = zero3.generate(prompts_batch(), SAMPLING)
+    scored, _ = zero3.compute_log_prob(generated)
+    torch.testing.assert_close(
+        scored["log_probs"], generated["rollout_log_probs"], atol=1e-4, rtol=0
+    )
+    zero3.update_actor(0, 0, batch)
+    again, _ = zero3.compute_log_prob(batch)
+    torch.testing.assert_close(again["log_probs"], after_zero3["log_probs"], atol=1e-6, rtol=0)
 
 
 def test_gradient_checkpointing_trains_the_same_weights(process_group, tiny_model_dir):

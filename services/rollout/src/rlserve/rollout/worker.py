@@ -215,7 +215,10 @@ class ActorWorker(TrainingRankWorker):
         if self.gradient_checkpointing:
             policy.gradient_checkpointing_enable({"use_reentrant": False})
         if self.lora is not None:
-            policy = add_lora(policy, self.lora.rank, self.lora.alpha, self.lora.target_modules)
+            # Adapters drawn from the service's seed: a reset service starts as a new one.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                policy = add_lora(policy, self.lora.rank, self.lora.alpha, self.lora.target_modules)
         self._build_engine(policy)
 
     def _make_generation_engine(self) -> GenerationEngine:
