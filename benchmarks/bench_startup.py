@@ -43,13 +43,16 @@ HEAD_START_TIMEOUT_S = 120
 def run_train(overrides: list[str], run_parent: Path, env: dict[str, str]) -> dict:
     """One `rlserve train` under `run_parent`; its summary (the newest run there)."""
     started = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
-        check=True,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # on a running cluster: every replica's log lines too
+        text=True,
         env=env,
     )
     command_s = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"rlserve train failed ({done.returncode}):\n{done.stderr[-5000:]}")
     run_dir = max((p for p in run_parent.iterdir() if p.is_dir()), key=lambda p: p.name)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {**summary, "command_s": command_s}
