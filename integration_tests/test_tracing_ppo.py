@@ -245,12 +245,19 @@ def test_resources_name_replica_node_and_rank(traced_run):
 def test_evaluation_and_checkpoints_are_traces_of_their_own(traced_run):
     spans = trace_report.read_spans(traced_run.spans_file)
     roots = Counter(s.name for s in spans if s.parent_id is None)
-    # Evaluation before step 1 and after the last step; a checkpoint before step 1 (where
-    # a recovery returns to) and one at the end.
+    # The services' check (and reset, had an earlier run trained them) at the start;
+    # evaluation before step 1 and after the last step; a checkpoint before step 1
+    # (where a recovery returns to) and one at the end.
+    assert roots["trainer.reset_services"] == 1
     assert roots["ppo.step"] == STEPS
     assert roots["trainer.evaluate"] == 2
     assert roots["trainer.checkpoint"] == 2
-    assert set(roots) == {"ppo.step", "trainer.evaluate", "trainer.checkpoint"}
+    assert set(roots) == {
+        "trainer.reset_services",
+        "ppo.step",
+        "trainer.evaluate",
+        "trainer.checkpoint",
+    }
 
 
 def test_report_on_the_run_finds_both_steps_and_their_critical_paths(traced_run, tmp_path):

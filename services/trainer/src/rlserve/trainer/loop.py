@@ -713,7 +713,14 @@ class PPOTrainer:
     async def reset_used_services(self) -> list[str]:
         """Resets the rollout and critic services when an earlier run left them trained
         (weights version or applied steps past the deployed state), so this run starts
-        from the initial weights; returns the roles reset."""
+        from the initial weights; returns the roles reset. One trace of its own
+        (`trainer.reset_services`), like a checkpoint's."""
+        with tracing.span("trainer.reset_services") as span:
+            reset = await self._reset_used_services()
+            span.set_attribute("rlserve.reset_roles", ",".join(reset))
+            return reset
+
+    async def _reset_used_services(self) -> list[str]:
         used = []
         for role, client, request in (
             ("rollout", self.clients.rollout, rollout_pb2.RolloutServiceGetInfoRequest()),
