@@ -7,13 +7,15 @@ One 64 MiB float32 batch (`--mib`), in one run on a private local Ray:
   besides the socket), in process;
 - service -> workers: `WorkerGroup.run_split` to 1 and to 2 worker processes that
   answer with their row count (each rank is sent its rows only);
-- trainer -> service -> workers, the whole way: a `ServiceClient` call to a replica
-  (the services' own `rpc_method` wrapper: auth, tracing, errors) that decodes the batch
-  and `run_split`s it to 2 workers, as a service's ComputeRefLogProb does before its
-  forward (here the workers only count rows); once through Serve's gRPC proxy and once
-  direct to the replica's own port (Serve's direct ingress, the trainer's route);
-- a small call the same two ways (64 rows x 24 int64 ids, the embedded default's size):
-  per-call latency, what each of a PPO step's RPCs pays;
+- trainer -> service -> workers, the whole way: a `ServiceClient.call_with_batch` to a
+  replica (the services' own `rpc_method` wrapper: auth, tracing, errors) that takes the
+  batch and `run_split`s it to 2 workers, as a service's ComputeRefLogProb does before
+  its forward (here the workers only count rows); three routes: protobuf through Serve's
+  gRPC proxy, protobuf direct to the replica's own port (Serve's direct ingress), and
+  the handle route (rlserve.core.handle_route: the Batch through Ray's object store, the
+  trainer's route for batches);
+- a small call the same three ways (64 rows x 24 int64 ids, the embedded default's
+  size): per-call latency, what each of a PPO step's RPCs pays;
 - the reference: `ray.put` of the same bytes and a worker process `ray.get`-ing them.
 
 Each figure is GB/s of the batch's bytes over the median of `--repeats` timed calls
@@ -34,6 +36,7 @@ from ray import serve
 from rlserve.core.batch import Batch
 from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.rpc import ServiceClient, direct_grpc_target, open_channel
 from rlserve.core.serving import rpc_method
 from rlserve.core.workers import WorkerGroup
@@ -59,8 +62,8 @@ class RowCounter:
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
-class BatchSink:
-    """A service replica without a model: decodes the request's batch and splits it over
+class BatchSink(BatchCalls):
+    """A service replica without a model: takes the request's batch and splits it over
     its worker ranks, then answers with the rows the ranks counted."""
 
     def __init__(self, workers: int):
@@ -68,30 +71,37 @@ class BatchSink:
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
     async def ComputeRefLogProb(self, request, grpc_context):
-        counted = await self.group.run_split("rows", batch_from_proto(request.batch))
-        return reference_pb2.ComputeRefLogProbResponse(batch=batch_to_proto(counted))
+        counted = await self.group.run_split("rows", request_batch(request.batch, grpc_context))
+        return reference_pb2.ComputeRefLogProbResponse(batch=response_batch(counted, grpc_context))
 
 
 def through_serve(batches: dict[str, Batch], workers: int, repeats: int) -> dict[str, float]:
     """Median seconds of one call trainer -> replica -> `workers` ranks, for each batch
-    and route: through Serve's gRPC proxy, and direct to the replica's own gRPC port
-    (Serve's direct ingress, rlserve.core.rpc)."""
+    and route: protobuf through Serve's gRPC proxy or direct to the replica's own gRPC
+    port (Serve's direct ingress), or the Batch by the handle route (rlserve.core.rpc)."""
     port = start_serve_on_a_free_port()
     serve.run(BatchSink.bind(workers), name="reference", route_prefix="/reference")
     request = reference_pb2.ComputeRefLogProbRequest
 
-    async def timed_calls(batch: Batch, direct: bool) -> list[float]:
+    async def timed_calls(batch: Batch, route: str) -> list[float]:
         # the channel belongs to this event loop
         channel = open_channel(f"127.0.0.1:{port}")
         client = ServiceClient(
-            channel, reference_pb2_grpc.ReferenceServiceStub, "reference", 600, direct=direct
+            channel,
+            reference_pb2_grpc.ReferenceServiceStub,
+            "reference",
+            600,
+            direct=route == "direct",
+            handle=route == "handle",
+            handle_min_bytes=0,
         )
         times = []
         for _ in range(repeats + 1):  # the first warms up
             started = time.perf_counter()
-            response = await client.call("ComputeRefLogProb", request(batch=batch_to_proto(batch)))
+            _, counted = await client.call_with_batch("ComputeRefLogProb", request(), batch)
             times.append(time.perf_counter() - started)
-            assert int(batch_from_proto(response.batch)["rows"].sum()) == len(batch) ** 2 // workers
+            assert int(counted["rows"].sum()) == len(batch) ** 2 // workers
+            assert client.last_route == route, f"asked for {route}, went {client.last_route}"
         await client.close()
         await channel.close()
         return times[1:]
@@ -99,11 +109,9 @@ def through_serve(batches: dict[str, Batch], workers: int, repeats: int) -> dict
     assert direct_grpc_target("reference") is not None, "Serve's direct ingress is off"
     try:
         return {
-            f"{name}, {route}": statistics.median(
-                asyncio.run(timed_calls(batch, direct=route == "direct"))
-            )
+            f"{name}, {route}": statistics.median(asyncio.run(timed_calls(batch, route)))
             for name, batch in batches.items()
-            for route in ("proxy", "direct")
+            for route in ("proxy", "direct", "handle")
         }
     finally:
         serve.shutdown()

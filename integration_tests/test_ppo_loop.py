@@ -31,12 +31,17 @@ def _run(config, inputs, run_dir, address, resume_from=None):
     )
 
 
-def _fresh_run_step_records(config, embedded, run_dir, address):
-    """Redeploys the services, runs `config` and returns its per-step metric records."""
+def _fresh_run(config, embedded, run_dir, address):
+    """Redeploys the services, runs `config`; its summary and per-step metric records."""
     inputs = run_inputs(embedded)
     fresh_services(config, inputs)
     summary = _run(config, inputs, run_dir, address)
-    return [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+    return summary, [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
+
+
+def _fresh_run_step_records(config, embedded, run_dir, address):
+    """Redeploys the services, runs `config` and returns its per-step metric records."""
+    return _fresh_run(config, embedded, run_dir, address)[1]
 
 
 def test_ppo_with_critic(serve_cluster, embedded, tmp_path):
@@ -62,6 +67,30 @@ def test_ppo_with_critic(serve_cluster, embedded, tmp_path):
     assert summary.accuracy_before is not None and summary.accuracy_after is not None
     assert Path(summary.curves_png).stat().st_size > 0
     assert read_trainer_state(Path(summary.checkpoint))["step"] == 3
+
+
+def test_batches_by_the_handle_route_train_exactly_as_by_grpc(serve_cluster, embedded, tmp_path):
+    """Every batch of every step handed to the services through Ray's object store
+    (handle_route_min_bytes=0) gives the metrics protobuf over gRPC gives (None: these
+    small batches all go by gRPC), step for step."""
+    by_route, routes = {}, {}
+    for name, min_bytes in (("grpc", None), ("handle", 0)):
+        config = tiny_run_config(
+            tmp_path / name,
+            trainer={"total_steps": 2, "handle_route_min_bytes": min_bytes},
+            actor={"use_kl_loss": True},
+        )
+        summary, by_route[name] = _fresh_run(
+            config, embedded, tmp_path / name, serve_cluster.grpc_address
+        )
+        routes[name] = summary.calls_by_route
+    assert [r["step"] for r in by_route["handle"]] == [1, 2]
+    assert_same_step_metrics(by_route["grpc"], by_route["handle"])
+    # every batch call went by its route: per step, generate, log-probs, reference,
+    # values, reward and the two updates; then the evaluations' generations and rewards
+    assert "handle" not in routes["grpc"]
+    assert routes["handle"]["handle"] >= 2 * 7
+    assert routes["handle"]["handle"] == routes["grpc"]["direct"] - routes["handle"]["direct"]
 
 
 def test_adaptive_kl_coefficient_follows_the_measured_kl(serve_cluster, embedded, tmp_path):

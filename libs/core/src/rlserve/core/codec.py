@@ -135,9 +135,11 @@ def _value_from_proto(value: struct_pb2.Value, where: str) -> Any:
     raise CodecError(f"{where}: expected a scalar value, got {kind}")
 
 
-def batch_to_proto(batch: Batch) -> common_pb2.Batch:
-    """Encodes a Batch. Non-tensor numbers travel as doubles (JSON semantics)."""
-    message = common_pb2.Batch()
+def batch_to_proto(batch: Batch, into: common_pb2.Batch | None = None) -> common_pb2.Batch:
+    """Encodes a Batch, into the empty message `into` when given (a request's batch
+    field: no CopyFrom, which would copy the bytes once more). Non-tensor numbers
+    travel as doubles (JSON semantics)."""
+    message = common_pb2.Batch() if into is None else into
     for key, tensor in batch.tensors.items():
         _fill_tensor(message.tensors[key], tensor, f"tensors[{key!r}]")
     for key, column in batch.non_tensors.items():

@@ -21,6 +21,18 @@ reaches the wrong service) goes to the proxy at once, as do that call's retries,
 spending an attempt; the client asks Serve for the route again after
 DIRECT_LOOKUP_INTERVAL_S.
 
+Large batches on the cluster: `call_with_batch` sends a request whose batch field is a
+Batch. A client on the Ray cluster hands a large one to the replica through a Serve
+DeploymentHandle (rlserve.core.handle_route: Ray's object store, one copy each way,
+instead of protobuf's several) and gets the response's Batch back the same way; the
+same handler runs, with the same token, deadline, statuses and trace context. A handle
+call costs a few ms more than a direct gRPC call, so small batches go by gRPC:
+HANDLE_ROUTE_MIN_BYTES says from which size of the request's tensors the handle wins
+over each gRPC route. Without a handle (off the cluster, the app gone, a deployment
+without the route) the call goes by gRPC as above; a handle call that fails in Ray
+itself (the replica died) goes to gRPC at once and the handle is looked up again after
+DIRECT_LOOKUP_INTERVAL_S.
+
 Tracing: every attempt is its own client span `rpc.client/<Service>/<Rpc>` (attributes
 role, attempt, route, gRPC status) whose W3C context travels in the call's metadata, so the
 service's server span becomes its child; a failed attempt's span is marked ERROR, and a
@@ -31,13 +43,17 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 from opentelemetry.trace import Status, StatusCode
 
 from rlserve.core import auth, tracing
+from rlserve.core.batch import Batch
+from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.serving import deadline_metadata
 
 logger = logging.getLogger(__name__)
@@ -48,6 +64,11 @@ MAX_MESSAGE_BYTES = 1 << 30
 STALE_ROUTE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
 DIRECT_LOOKUP_INTERVAL_S = 10.0
 """How often a client without a direct route asks Serve for one again."""
+HANDLE_ROUTE_MIN_BYTES = {"direct": 2 * 2**20, "proxy": 64 * 2**10}
+"""The request tensors' bytes from which `call_with_batch` takes the handle route rather
+than each gRPC route (benchmarks/bench_batch_transport.py, replica + 2 workers, in one
+run: 12 KiB 4.1 ms direct, 7.0 handle, 9.8 proxy; 64 KiB 5.0, 6.6, 7.6; 1 MiB 10.1,
+12.9, 21.4; 4 MiB 21.9, 18.0, 42.3)."""
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -106,10 +127,34 @@ def direct_grpc_target(app: str) -> str | None:
     return f"{targets[0]['ip']}:{targets[0]['port']}"
 
 
+def app_handle(app: str) -> Any | None:
+    """A Serve DeploymentHandle of `app`'s ingress deployment, or None: this process is
+    not on a Ray cluster with Serve (a Ray Client connection is not) or there is no
+    such app."""
+    import ray
+    import ray.util.client
+
+    if not ray.is_initialized() or ray.util.client.ray.is_connected():
+        return None
+    from ray import serve
+
+    try:
+        return serve.get_app_handle(app)
+    except Exception as error:  # no Serve, or no such app: gRPC still stands
+        logger.debug("no handle route to %s: %s", app, error)
+        return None
+
+
+class _HandleRouteFailed(Exception):
+    """The handle route failed in Ray itself, not in the service: use gRPC instead."""
+
+
 class ServiceClient:
     """Async client of one rlserve service (one Serve application) on a shared channel
     to the proxy, and its own channel to the app's replica when `direct` (default: on a
-    Ray cluster) finds one (see the module docstring)."""
+    Ray cluster) finds one; with `handle` (default), `call_with_batch` on a Ray cluster
+    hands a batch of `handle_min_bytes` or more (default HANDLE_ROUTE_MIN_BYTES of the
+    gRPC route it would take) to the app's DeploymentHandle (see the module docstring)."""
 
     def __init__(
         self,
@@ -119,6 +164,8 @@ class ServiceClient:
         timeout_s: float,
         policy: RetryPolicy = RetryPolicy(),
         direct: bool = True,
+        handle: bool = True,
+        handle_min_bytes: int | None = None,
     ):
         self.stub = stub_cls(channel)
         self.stub_cls = stub_cls
@@ -132,6 +179,14 @@ class ServiceClient:
         self._direct_stub: Any = None
         self._retired_channels: list[grpc.aio.Channel] = []
         self._looked_up_at = -math.inf
+        self.handle = handle
+        self.handle_min_bytes = handle_min_bytes
+        self.last_route: str | None = None
+        """The route of the last call answered ("handle", "direct" or "proxy")."""
+        self.calls_by_route: Counter[str] = Counter()
+        """Calls answered, by route (a call answered after retries counts once)."""
+        self._handle: Any = None
+        self._handle_looked_up_at = -math.inf
 
     async def _route(self, direct_allowed: bool) -> tuple[str, Any]:
         """("direct", the replica's stub) when there is a direct route, else ("proxy",
@@ -164,13 +219,64 @@ class ServiceClient:
         for channel in channels:
             await channel.close()
 
+    def _answered_by(self, route: str) -> None:
+        self.last_route = route
+        self.calls_by_route[route] += 1
+
+    def _handle_pays(self, grpc_route: str, batch: Batch) -> bool:
+        """Whether `batch` is large enough for the handle route to beat `grpc_route`."""
+        if not self.handle:
+            return False
+        min_bytes = self.handle_min_bytes
+        if min_bytes is None:
+            min_bytes = HANDLE_ROUTE_MIN_BYTES[grpc_route]
+        return sum(t.nbytes for t in batch.tensors.values()) >= min_bytes
+
+    async def _app_handle(self) -> Any | None:
+        """The app's DeploymentHandle, looked up at most every DIRECT_LOOKUP_INTERVAL_S."""
+        now = time.monotonic()
+        if self._handle is None and now - self._handle_looked_up_at >= DIRECT_LOOKUP_INTERVAL_S:
+            self._handle_looked_up_at = now
+            self._handle = await asyncio.to_thread(app_handle, self.application)
+        return self._handle
+
     async def call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
         """Calls `rpc` with retries; raises the last grpc.aio.AioRpcError when out of tries."""
+        response, _ = await self._call(rpc, request, None, timeout_s)
+        return response
+
+    async def call_with_batch(
+        self,
+        rpc: str,
+        request: Any,
+        batch: Batch,
+        field: str = "batch",
+        timeout_s: float | None = None,
+    ) -> tuple[Any, Batch | None]:
+        """Calls `rpc` with `batch` as the request's `field` (left empty in `request`);
+        returns the response and its batch field decoded (None when the response has
+        none). A large batch by the handle route on a Ray cluster, else by gRPC; retries as
+        `call`."""
+        return await self._call(rpc, request, (field, batch), timeout_s)
+
+    async def _call(
+        self,
+        rpc: str,
+        request: Any,
+        batch: tuple[str, Batch] | None,
+        timeout_s: float | None,
+    ) -> tuple[Any, Batch | None]:
         timeout_s = timeout_s or self.timeout_s
         backoff_s = self.policy.initial_backoff_s
         direct_allowed = True
+        wire_request = request if batch is None else None
         for attempt in range(self.policy.retries + 1):
             route, stub = await self._route(direct_allowed)
+            handle = None
+            if batch is not None and self._handle_pays(route, batch[1]):
+                handle = await self._app_handle()
+                if handle is not None:
+                    grpc_route, route = route, "handle"
             with tracing.rpc_client_span(
                 self.service, rpc, role=self.application, attempt=attempt
             ) as span:
@@ -181,9 +287,24 @@ class ServiceClient:
                         span.set_attribute("rlserve.request_bytes", request.ByteSize())
                         span.set_attribute("rlserve.route", route)
                 try:
+                    if handle is not None:
+                        try:
+                            answer = await self._handle_call(
+                                handle, rpc, request, batch, metadata, timeout_s
+                            )
+                            self._answered_by(route)
+                            return answer
+                        except _HandleRouteFailed as error:
+                            logger.info("%s: handle route failed (%s)", self.application, error)
+                            self._handle = handle = None
+                            route = grpc_route
+                            if span.is_recording():
+                                span.set_attribute("rlserve.route", route)
+                    if wire_request is None:
+                        wire_request = _with_batch(request, *batch)
                     try:
-                        return await getattr(stub, rpc)(
-                            request, metadata=metadata, timeout=timeout_s
+                        response = await getattr(stub, rpc)(
+                            wire_request, metadata=metadata, timeout=timeout_s
                         )
                     except grpc.aio.AioRpcError as error:
                         if route != "direct" or error.code() not in STALE_ROUTE_CODES:
@@ -195,9 +316,12 @@ class ServiceClient:
                         self._forget_direct_route()
                         if span.is_recording():
                             span.set_attribute("rlserve.route", "proxy")
-                        return await getattr(self.stub, rpc)(
-                            request, metadata=metadata, timeout=timeout_s
+                        route = "proxy"
+                        response = await getattr(self.stub, rpc)(
+                            wire_request, metadata=metadata, timeout=timeout_s
                         )
+                    self._answered_by(route)
+                    return response, None if batch is None else _response_batch(response)
                 except grpc.aio.AioRpcError as error:
                     failure = error
                     if span.is_recording():
@@ -221,6 +345,39 @@ class ServiceClient:
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, self.policy.max_backoff_s)
         raise AssertionError("unreachable")
+
+    async def _handle_call(
+        self,
+        handle: Any,
+        rpc: str,
+        request: Any,
+        batch: tuple[str, Batch],
+        metadata: list[tuple[str, str]],
+        timeout_s: float,
+    ) -> tuple[Any, Batch | None]:
+        """One call by the handle route; a service's status raises as AioRpcError, a
+        failure of Ray's (no such method, the replica died) as _HandleRouteFailed."""
+        call = handle.call_with_batch.remote(
+            rpc, request.SerializeToString(), batch[1], tuple(metadata)
+        )
+        try:
+            result = await asyncio.wait_for(_resolved(call), timeout_s)
+        except TimeoutError:
+            call.cancel()
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "Deadline Exceeded",
+            ) from None
+        except Exception as error:
+            raise _HandleRouteFailed(f"{type(error).__name__}: {error}") from error
+        code = grpc.StatusCode[result.code_name]
+        if code != grpc.StatusCode.OK:
+            raise grpc.aio.AioRpcError(
+                code, grpc.aio.Metadata(), grpc.aio.Metadata(), result.details
+            )
+        return _response_class(request, self.service, rpc).FromString(result.response), result.batch
 
     def _timed_out(
         self, rpc: str, timeout_s: float, error: grpc.aio.AioRpcError
@@ -255,6 +412,33 @@ def _replicas_of(app: str) -> str:
         f"{r['replica_id']} (node {r['node_id'][:8]}, pid {r['pid']})" for r in replicas
     )
     return f"held by replica {names}" if len(replicas) == 1 else f"one of replicas {names}"
+
+
+async def _resolved(call: Any) -> Any:
+    """Awaits a DeploymentResponse (a coroutine, so asyncio.wait_for can time it)."""
+    return await call
+
+
+def _with_batch(request: Any, field: str, batch: Batch) -> Any:
+    """A copy of `request` with `batch` encoded into its (empty) field `field`."""
+    wire_request = type(request)()
+    wire_request.CopyFrom(request)
+    batch_to_proto(batch, into=getattr(wire_request, field))
+    return wire_request
+
+
+def _response_batch(response: Any) -> Batch | None:
+    """The response's batch field decoded, None when it has none."""
+    if "batch" not in response.DESCRIPTOR.fields_by_name or not response.HasField("batch"):
+        return None
+    return batch_from_proto(response.batch)
+
+
+def _response_class(request: Any, service: str, rpc: str) -> type:
+    """The response message class of `service`.`rpc`, from the proto descriptors."""
+    file = request.DESCRIPTOR.file
+    method = file.pool.FindServiceByName(f"{file.package}.{service}").methods_by_name[rpc]
+    return message_factory.GetMessageClass(method.output_type)
 
 
 def open_channel(address: str) -> grpc.aio.Channel:

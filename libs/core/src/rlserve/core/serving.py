@@ -42,11 +42,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import message_factory
 from opentelemetry.trace import Span, Status, StatusCode
 
 from rlserve.core import auth, tracing
 from rlserve.core.codec import CodecError
+from rlserve.core.handle_route import HandleCallContext
 from rlserve.core.run_config import TracingConfig
+from rlserve.v1.common_pb2 import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +181,7 @@ def rpc_method(
     def decorate(method: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
         rpc = method.__name__
         service = _service_name(response_type, rpc)
+        batch_request_type = _batch_request_type(response_type, rpc)
 
         @functools.wraps(method)
         async def wrapper(self: Any, request: Any, grpc_context: Any) -> Response:
@@ -189,7 +193,7 @@ def rpc_method(
                         raise RpcError(grpc.StatusCode.UNAUTHENTICATED, refused)
                     response = await method(self, request, grpc_context)
                     if span.is_recording():
-                        _annotate(span, metadata, request, response)
+                        _annotate(span, metadata, request, response, grpc_context)
                     return response
                 except RpcError as error:
                     code, message = error.code, error.message
@@ -201,13 +205,15 @@ def rpc_method(
                     message = f"{rpc} failed: {type(error).__name__}: {error}"
                 message = _clip(message)
                 if span.is_recording():
-                    _annotate(span, metadata, request, None)
+                    _annotate(span, metadata, request, None, grpc_context)
                     span.set_attribute("rpc.grpc.status_code", code.value[0])
                     span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message[:500]}"))
                 grpc_context.set_code(code)
                 grpc_context.set_details(message)
                 return response_type()
 
+        # the handle route (rlserve.core.handle_route) calls only RPCs that carry a batch
+        wrapper.batch_request_type = batch_request_type  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
@@ -226,6 +232,22 @@ def _service_name(response_type: Any, rpc: str) -> str:
     return descriptor.file.package
 
 
+def _batch_request_type(response_type: Any, rpc: str) -> type | None:
+    """The request class of `rpc` (answered with `response_type`) when that request has
+    an rlserve.v1.Batch field, else None."""
+    descriptor = getattr(response_type, "DESCRIPTOR", None)
+    if descriptor is None:
+        return None
+    for service in descriptor.file.services_by_name.values():
+        method = service.methods_by_name.get(rpc)
+        if method is None or method.output_type is not descriptor:
+            continue
+        request = method.input_type
+        if any(field.message_type is Batch.DESCRIPTOR for field in request.fields):
+            return message_factory.GetMessageClass(request)
+    return None
+
+
 def _batch_rows(message: Any, field: str) -> int | None:
     """Rows of the rlserve.v1.Batch in `message.<field>` (its first tensor's first dim)."""
     if field not in message.DESCRIPTOR.fields_by_name or not message.HasField(field):
@@ -235,9 +257,16 @@ def _batch_rows(message: Any, field: str) -> int | None:
     return None
 
 
-def _annotate(span: Span, metadata: Iterable[tuple[str, Any]], request: Any, response: Any) -> None:
+def _annotate(
+    span: Span,
+    metadata: Iterable[tuple[str, Any]],
+    request: Any,
+    response: Any,
+    grpc_context: Any,
+) -> None:
     """Attributes worth filtering on, read from any rlserve request/response: role
-    (the Serve application), step, batch size, tokens, weights version, message sizes."""
+    (the Serve application), step, batch size, tokens, weights version, message sizes,
+    and `rlserve.route` "handle" for a call that came by the handle route."""
     attributes: dict[str, Any] = {"rlserve.request_bytes": request.ByteSize()}
     for key, value in metadata:
         if key == "application":
@@ -247,6 +276,9 @@ def _annotate(span: Span, metadata: Iterable[tuple[str, Any]], request: Any, res
         # requests number steps from 0; traces, like metrics and checkpoints, from 1
         attributes["rlserve.step"] = request.step + 1
     rows = _batch_rows(request, "batch") or _batch_rows(request, "prompts")
+    if isinstance(grpc_context, HandleCallContext):
+        attributes["rlserve.route"] = "handle"
+        rows = len(grpc_context.request_batch)
     if rows is not None:
         attributes["rlserve.batch_size"] = rows
     if response is not None:
@@ -254,6 +286,12 @@ def _annotate(span: Span, metadata: Iterable[tuple[str, Any]], request: Any, res
         fields = response.DESCRIPTOR.fields_by_name
         if "weights_version" in fields:
             attributes["rlserve.weights_version"] = response.weights_version
+        elif (
+            isinstance(grpc_context, HandleCallContext) and grpc_context.response_batch is not None
+        ):
+            version = grpc_context.response_batch.meta.get("weights_version")
+            if isinstance(version, int):
+                attributes["rlserve.weights_version"] = version
         elif "batch" in fields and response.batch.HasField("meta"):
             attributes["rlserve.weights_version"] = response.batch.meta.weights_version
         if "metrics" in fields:

@@ -1,7 +1,8 @@
 """The critic's Serve deployment: CriticService RPCs, thin over CriticController.
 
-Each method is named after its RPC and does: protobuf -> Batch (codec) -> controller
-(checks, dispatch to the worker group) -> protobuf. Errors become gRPC statuses in
+Each method is named after its RPC and does: protobuf -> Batch (codec, or the Batch itself
+by the in-cluster handle route, rlserve.core.handle_route) -> controller (checks, dispatch
+to the worker group) -> protobuf. Errors become gRPC statuses in
 `rpc_method`; the caller's deadline comes from the `rlserve-deadline-unix-s` metadata.
 
 One replica only: the replica is the service's controller and holds its state (weights
@@ -14,8 +15,9 @@ from importlib.metadata import version
 
 from ray import serve
 
-from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
+from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
     Deadline,
@@ -34,7 +36,7 @@ def _deadline(grpc_context) -> Deadline:
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
-class CriticDeployment:
+class CriticDeployment(BatchCalls):
     """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint, Reset."""
 
     def __init__(self, config: CriticServiceConfig):
@@ -53,15 +55,15 @@ class CriticDeployment:
 
     @rpc_method(critic_pb2.ComputeValuesResponse)
     async def ComputeValues(self, request, grpc_context):
-        batch = batch_from_proto(request.batch)
+        batch = request_batch(request.batch, grpc_context)
         values, metrics = await self.controller.compute_values(batch, _deadline(grpc_context))
         return critic_pb2.ComputeValuesResponse(
-            batch=batch_to_proto(values), metrics=metrics_to_proto(metrics)
+            batch=response_batch(values, grpc_context), metrics=metrics_to_proto(metrics)
         )
 
     @rpc_method(critic_pb2.UpdateCriticResponse)
     async def UpdateCritic(self, request, grpc_context):
-        batch = batch_from_proto(request.batch)
+        batch = request_batch(request.batch, grpc_context)
         metrics, weights_version, replayed = await self.controller.update_critic(
             request.step, batch, _deadline(grpc_context)
         )

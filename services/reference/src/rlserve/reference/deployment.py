@@ -1,7 +1,8 @@
 """The reference's Serve deployment: ReferenceService RPCs, thin over ReferenceController.
 
-Each method is named after its RPC: protobuf -> Batch (codec) -> controller (checks,
-dispatch to the workers) -> protobuf; errors become gRPC statuses in `rpc_method`.
+Each method is named after its RPC: protobuf -> Batch (codec, or the Batch itself by the
+in-cluster handle route, rlserve.core.handle_route) -> controller (checks, dispatch to the
+workers) -> protobuf; errors become gRPC statuses in `rpc_method`.
 
 One replica: data parallelism comes from its workers. The replica reserves no CPU (it
 waits on workers); each worker reserves `num_cpus_per_worker`.
@@ -11,8 +12,9 @@ from importlib.metadata import version
 
 from ray import serve
 
-from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
+from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
     Deadline,
@@ -27,7 +29,7 @@ from rlserve.v1 import common_pb2, reference_pb2
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
-class ReferenceDeployment:
+class ReferenceDeployment(BatchCalls):
     """ReferenceService: ComputeRefLogProb, GetInfo."""
 
     def __init__(self, config: ReferenceServiceConfig):
@@ -46,11 +48,11 @@ class ReferenceDeployment:
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
     async def ComputeRefLogProb(self, request, grpc_context):
-        batch = batch_from_proto(request.batch)
+        batch = request_batch(request.batch, grpc_context)
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         log_probs, metrics = await self.controller.compute_ref_log_prob(batch, deadline)
         return reference_pb2.ComputeRefLogProbResponse(
-            batch=batch_to_proto(log_probs), metrics=metrics_to_proto(metrics)
+            batch=response_batch(log_probs, grpc_context), metrics=metrics_to_proto(metrics)
         )
 
     @rpc_method(reference_pb2.ReferenceServiceGetInfoResponse)

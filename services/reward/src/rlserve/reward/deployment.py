@@ -1,6 +1,7 @@
 """The reward service's Serve deployment: gRPC RewardService methods, kept thin.
 
-Each method: proto -> Batch (codec) -> `RewardEngine.parse` (checks, errors name the
+Each method: proto -> Batch (codec, or the Batch itself by the in-cluster handle route,
+rlserve.core.handle_route) -> `RewardEngine.parse` (checks, errors name the
 field) -> `RewardEngine.score` -> proto. Errors become gRPC statuses through
 `rpc_method`, so a bad request never stops the replica.
 
@@ -20,8 +21,9 @@ import torch
 from ray import serve
 
 from rlserve.core.batch import Batch
-from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json, validate_config
+from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
@@ -36,7 +38,7 @@ def _package_version() -> str:
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1, "num_gpus": 0})
-class RewardDeployment:
+class RewardDeployment(BatchCalls):
     """Serves rlserve.v1.RewardService."""
 
     def __init__(self, config: dict) -> None:
@@ -51,14 +53,14 @@ class RewardDeployment:
         self, request: reward_pb2.ComputeRewardRequest, grpc_context
     ) -> reward_pb2.ComputeRewardResponse:
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        batch = batch_from_proto(request.batch)
+        batch = request_batch(request.batch, grpc_context)
         inputs = self._engine.parse(batch, field="batch")
         result = await self._engine.score(inputs, deadline)
         tensors = {"scores": result.scores}
         tensors.update((f"scores_{name}", s) for name, s in result.kind_scores.items())
         out = Batch(tensors=tensors, meta=batch.meta)
         return reward_pb2.ComputeRewardResponse(
-            batch=batch_to_proto(out), metrics=metrics_to_proto(result.metrics)
+            batch=response_batch(out, grpc_context), metrics=metrics_to_proto(result.metrics)
         )
 
     @rpc_method(reward_pb2.RewardServiceGetInfoResponse)

@@ -1,6 +1,7 @@
 """RolloutService as a Ray Serve deployment: protobuf in, plain objects to the controller.
 
-Thin on purpose: each RPC decodes its request (codec), turns SamplingParams into
+Thin on purpose: each RPC decodes its request (codec; a batch handed in by the in-cluster
+handle route, rlserve.core.handle_route, needs no decoding), turns SamplingParams into
 SamplingSettings (0 = default, as the proto says), hands everything to the
 RolloutController with the caller's deadline, and encodes the answer. `rpc_method` turns
 RpcErrors (validation, versions) into gRPC statuses and anything else into a one-line
@@ -17,8 +18,9 @@ from importlib.metadata import version as package_version
 
 from ray import serve
 
-from rlserve.core.codec import batch_from_proto, batch_to_proto, metrics_to_proto
+from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
+from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
     Deadline,
@@ -50,7 +52,7 @@ def sampling_from_proto(params: rollout_pb2.SamplingParams, return_log_probs: bo
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
-class RolloutDeployment:
+class RolloutDeployment(BatchCalls):
     """The actor service: generation, log-probs and PPO updates over DP ActorWorkers."""
 
     def __init__(self, config: RolloutServiceConfig):
@@ -70,27 +72,27 @@ class RolloutDeployment:
     async def GenerateSequences(self, request, grpc_context):
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         batch, metrics = await self.controller.generate(
-            batch_from_proto(request.prompts),
+            request_batch(request.prompts, grpc_context),
             sampling_from_proto(request.sampling, request.return_log_probs),
             _optional(request, "expected_weights_version"),
             deadline,
         )
         return rollout_pb2.GenerateSequencesResponse(
-            batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
+            batch=response_batch(batch, grpc_context), metrics=metrics_to_proto(metrics)
         )
 
     @rpc_method(rollout_pb2.ComputeLogProbResponse)
     async def ComputeLogProb(self, request, grpc_context):
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         batch, metrics = await self.controller.compute_log_prob(
-            batch_from_proto(request.batch),
+            request_batch(request.batch, grpc_context),
             request.return_entropy,
             _optional(request, "expected_weights_version"),
             deadline,
             return_sum_pi_squared=request.return_sum_pi_squared,
         )
         return rollout_pb2.ComputeLogProbResponse(
-            batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
+            batch=response_batch(batch, grpc_context), metrics=metrics_to_proto(metrics)
         )
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
@@ -99,17 +101,20 @@ class RolloutDeployment:
         # (serve_reference): callers address this app with the ReferenceService stub.
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         batch, metrics = await self.controller.compute_ref_log_prob(
-            batch_from_proto(request.batch), deadline
+            request_batch(request.batch, grpc_context), deadline
         )
         return reference_pb2.ComputeRefLogProbResponse(
-            batch=batch_to_proto(batch), metrics=metrics_to_proto(metrics)
+            batch=response_batch(batch, grpc_context), metrics=metrics_to_proto(metrics)
         )
 
     @rpc_method(rollout_pb2.UpdateActorResponse)
     async def UpdateActor(self, request, grpc_context):
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         result = await self.controller.update_actor(
-            request.step, request.weights_version, batch_from_proto(request.batch), deadline
+            request.step,
+            request.weights_version,
+            request_batch(request.batch, grpc_context),
+            deadline,
         )
         return rollout_pb2.UpdateActorResponse(
             metrics=metrics_to_proto(result.metrics),

@@ -33,6 +33,7 @@ and `time/step_s` cover the same work.
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,14 @@ class Clients:
         def client(stub_cls: type, app: str | None) -> ServiceClient | None:
             if app is None or app not in roles:
                 return None
-            return ServiceClient(channel, stub_cls, app, timeout_s, policy)
+            return ServiceClient(
+                channel,
+                stub_cls,
+                app,
+                timeout_s,
+                policy,
+                handle_min_bytes=config.trainer.handle_route_min_bytes,
+            )
 
         # the rollout app itself answers ReferenceService when the reference is merged
         reference_app = reference_application(config)
@@ -124,6 +132,14 @@ class Clients:
             reference=client(reference_pb2_grpc.ReferenceServiceStub, reference_app),
             critic=client(critic_pb2_grpc.CriticServiceStub, "critic"),
         )
+
+    def calls_by_route(self) -> dict[str, int]:
+        """Calls answered so far over all clients, by route (handle, direct, proxy)."""
+        total: Counter[str] = Counter()
+        for client in (self.rollout, self.reward, self.reference, self.critic):
+            if client is not None:
+                total.update(client.calls_by_route)
+        return dict(sorted(total.items()))
 
     async def close(self) -> None:
         """Closes the clients' direct channels to the replicas."""
@@ -214,13 +230,14 @@ class PPOTrainer:
         if weights_version is None:
             weights_version = self.state.weights_version
         request = rollout_pb2.GenerateSequencesRequest(
-            prompts=batch_to_proto(prompt_batch(rows, self.tokenizer)),
             sampling=sampling,
             expected_weights_version=weights_version,
             return_log_probs=return_log_probs,
         )
-        response = await self.clients.rollout.call("GenerateSequences", request)
-        return batch_from_proto(response.batch), dict(response.metrics)
+        response, sequences = await self.clients.rollout.call_with_batch(
+            "GenerateSequences", request, prompt_batch(rows, self.tokenizer), field="prompts"
+        )
+        return sequences, dict(response.metrics)
 
     async def _generate_step(
         self, rows: list[PromptRow], sampling: rollout_pb2.SamplingParams, weights_version: int
@@ -421,9 +438,10 @@ class PPOTrainer:
             non_tensor_keys=["response_text", "ground_truth", "prompt_text"],
             meta_keys=[],
         )
-        request = reward_pb2.ComputeRewardRequest(batch=batch_to_proto(reward_input))
-        response = await self.clients.reward.call("ComputeReward", request)
-        return batch_from_proto(response.batch)
+        _, scores = await self.clients.reward.call_with_batch(
+            "ComputeReward", reward_pb2.ComputeRewardRequest(), reward_input
+        )
+        return scores
 
     async def run_step(self) -> dict[str, float]:
         """Runs step `state.step` (0-based in requests; metrics and the trace's
@@ -450,19 +468,20 @@ class PPOTrainer:
         batch, gen_metrics, rows = generation.batch, generation.metrics, generation.rows
         staleness = self.state.weights_version - int(batch.meta["weights_version"])
 
-        sequences = batch_to_proto(batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[]))
+        sequences = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[])
         needs = estimator_needs(config.algorithm.adv_estimator)
         log_prob_request = rollout_pb2.ComputeLogProbRequest(
-            batch=sequences,
             return_entropy=True,
             expected_weights_version=self.state.weights_version,
             return_sum_pi_squared="sum_pi_squared" in needs,
         )
 
-        async def log_prob() -> rollout_pb2.ComputeLogProbResponse:
-            response = await self.clients.rollout.call("ComputeLogProb", log_prob_request)
+        async def log_prob() -> Batch:
+            _, log_probs = await self.clients.rollout.call_with_batch(
+                "ComputeLogProb", log_prob_request, sequences
+            )
             self._ask_for_next_generation(step)  # one_step_off, see the module docstring
-            return response
+            return log_probs
 
         forwards: dict[str, Awaitable[Any]] = {"log_prob": log_prob()}
         if "scores" not in batch.tensors:
@@ -472,12 +491,12 @@ class PPOTrainer:
             assert rows is not None
             forwards["greedy_baseline"] = self._greedy_baseline(rows, step)
         if self.clients.reference is not None:
-            forwards["ref_log_prob"] = self.clients.reference.call(
-                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(batch=sequences)
+            forwards["ref_log_prob"] = self.clients.reference.call_with_batch(
+                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), sequences
             )
         if self.clients.critic is not None:
-            forwards["values"] = self.clients.critic.call(
-                "ComputeValues", critic_pb2.ComputeValuesRequest(batch=sequences)
+            forwards["values"] = self.clients.critic.call_with_batch(
+                "ComputeValues", critic_pb2.ComputeValuesRequest(), sequences
             )
         forward_started = time.perf_counter()
         results = dict(
@@ -491,7 +510,7 @@ class PPOTrainer:
         )
         timings["time/forward_wall_s"] = time.perf_counter() - forward_started
 
-        log_probs = batch_from_proto(results["log_prob"].batch)
+        log_probs = results["log_prob"]
         extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
         if "sum_pi_squared" in log_probs.tensors:
             extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
@@ -502,11 +521,9 @@ class PPOTrainer:
             prompt_index = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
             extra["baseline_scores"] = results["greedy_baseline"][prompt_index]
         if "ref_log_prob" in results:
-            extra["ref_log_probs"] = batch_from_proto(results["ref_log_prob"].batch)[
-                "ref_log_probs"
-            ]
+            extra["ref_log_probs"] = results["ref_log_prob"][1]["ref_log_probs"]
         if "values" in results:
-            extra["values"] = batch_from_proto(results["values"].batch)["values"]
+            extra["values"] = results["values"][1]["values"]
         batch = Batch(
             tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors, meta=batch.meta
         )
@@ -541,26 +558,24 @@ class PPOTrainer:
             )
             filter_metrics.update(correction_metrics)
         actor_request = rollout_pb2.UpdateActorRequest(
-            step=step, batch=batch_to_proto(actor_batch), weights_version=self.state.weights_version
+            step=step, weights_version=self.state.weights_version
         )
 
         async def update_actor() -> rollout_pb2.UpdateActorResponse:
             # the next step's generation expects the weights this update replaces
             timings["time/update_actor_waits_generation_s"] = await self._next_generation_done()
-            return await _timed(
-                "update_actor", timings, self.clients.rollout.call("UpdateActor", actor_request)
-            )
+            update = self.clients.rollout.call_with_batch("UpdateActor", actor_request, actor_batch)
+            response, _ = await _timed("update_actor", timings, update)
+            return response
 
         updates: dict[str, Awaitable[Any]] = {"update_actor": update_actor()}
         if self.clients.critic is not None:
             critic_keys = [*SEQUENCE_KEYS, "values", "returns"]
             critic_batch = batch.select(tensor_keys=critic_keys, non_tensor_keys=[])
-            critic_request = critic_pb2.UpdateCriticRequest(
-                step=step, batch=batch_to_proto(critic_batch)
+            update = self.clients.critic.call_with_batch(
+                "UpdateCritic", critic_pb2.UpdateCriticRequest(step=step), critic_batch
             )
-            updates["update_critic"] = _timed(
-                "update_critic", timings, self.clients.critic.call("UpdateCritic", critic_request)
-            )
+            updates["update_critic"] = _timed("update_critic", timings, update)
         update_started = time.perf_counter()
         update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
         timings["time/update_wall_s"] = time.perf_counter() - update_started
@@ -602,7 +617,7 @@ class PPOTrainer:
             metrics["remax/baseline_mean"] = float(batch["baseline_scores"].mean())
         if "update_critic" in update_results:
             metrics.update(
-                {f"critic/{k}": v for k, v in update_results["update_critic"].metrics.items()}
+                {f"critic/{k}": v for k, v in update_results["update_critic"][0].metrics.items()}
             )
         self.state.step = step + 1
         self.state.last_metrics = metrics

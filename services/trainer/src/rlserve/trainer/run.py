@@ -19,7 +19,7 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -97,6 +97,10 @@ class RunSummary:
     startup_s: float | None = None
     """From the start of the command's process to its first PPO step: what a user
     waits (`train` fills it in; None for a run given already deployed services)."""
+    calls_by_route: dict[str, int] = field(default_factory=dict)
+    """The trainer's calls to the services, by the route that answered them: `handle`
+    (a large batch through Ray's object store), `direct` (gRPC to the replica's own
+    port) or `proxy` (Serve's gRPC proxy); see README, "How calls reach a service"."""
 
 
 def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
@@ -381,6 +385,7 @@ async def _train_on_services(
         curves_png=str(curves),
         first_step_unix_s=first_step_unix_s,
         metrics_jsonl=str(log.path),
+        calls_by_route=trainer.clients.calls_by_route(),
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
     return summary
@@ -548,6 +553,7 @@ def print_summary(summary: RunSummary) -> None:
         if summary.startup_s is None
         else f"\n  from the command's start to the first PPO step: {summary.startup_s:.1f} s"
     )
+    routes = "  ".join(f"{route} {calls}" for route, calls in summary.calls_by_route.items())
     print(
         f"rlserve run finished: {summary.steps} PPO steps in {summary.train_s:.0f} s "
         f"(whole command {summary.total_s:.0f} s), seed {summary.seed}{warmup}\n"
@@ -557,5 +563,6 @@ def print_summary(summary: RunSummary) -> None:
         f"  metrics: {summary.metrics_jsonl} (TensorBoard: {summary.run_dir}/tensorboard)\n"
         f"  curves: {summary.curves_png}\n"
         f"  checkpoint: {summary.checkpoint}\n"
-        f"  seconds: {phases}{startup}{recoveries}"
+        f"  seconds: {phases}{startup}\n"
+        f"  calls to the services by route: {routes or 'none'}{recoveries}"
     )
