@@ -15,7 +15,8 @@ One 64 MiB float32 batch (`--mib`), in one run on a private local Ray:
   the handle route (rlserve.core.handle_route: the Batch through Ray's object store, the
   trainer's route for batches);
 - a small call the same three ways (64 rows x 24 int64 ids, the embedded default's
-  size): per-call latency, what each of a PPO step's RPCs pays;
+  size): per-call latency, what each of a PPO step's RPCs pays; and 1 and 4 MiB calls,
+  between which the handle route overtakes direct gRPC;
 - the reference: `ray.put` of the same bytes and a worker process `ray.get`-ing them.
 
 Each figure is GB/s of the batch's bytes over the median of `--repeats` timed calls
@@ -43,6 +44,8 @@ from rlserve.core.workers import WorkerGroup
 from rlserve.v1 import common_pb2, reference_pb2, reference_pb2_grpc
 
 SMALL_ROWS = 64
+# Where the handle route overtakes a direct gRPC call (rlserve.core.rpc.HANDLE_ROUTE_MIN_BYTES).
+MID_SIZES_MIB = (1, 4)
 
 
 class RowCounter:
@@ -169,8 +172,12 @@ def main() -> None:
             finally:
                 group.shutdown()
         small = Batch(tensors={"input_ids": torch.ones(SMALL_ROWS, 24, dtype=torch.int64)})
+        mid_sized = {
+            f"{mib} MiB call": Batch(tensors={"x": torch.randn(mib * 2**20 // (4 * 4096), 4096)})
+            for mib in MID_SIZES_MIB
+        }
         whole_way = through_serve(
-            {"trainer -> service -> 2 workers": batch, "small call": small},
+            {"trainer -> service -> 2 workers": batch, "small call": small, **mid_sized},
             2,
             args.repeats,
         )
@@ -185,6 +192,8 @@ def main() -> None:
     for name, seconds in whole_way.items():
         if name.startswith("small call"):
             print(f"  {name:<40}{'':>11}  ({seconds * 1e3:7.1f} ms)  ({SMALL_ROWS} x 24 int64)")
+        elif " MiB call" in name:
+            print(f"  {name:<40}{'':>11}  ({seconds * 1e3:7.1f} ms)")
         else:
             ratio = f"  ({reference / seconds:.2f}x ray.put/get)"
             print(f"  {name:<40}{gigabytes / seconds:6.2f} GB/s  ({seconds * 1e3:7.1f} ms){ratio}")
