@@ -67,8 +67,8 @@ DIRECT_LOOKUP_INTERVAL_S = 10.0
 HANDLE_ROUTE_MIN_BYTES = {"direct": 2 * 2**20, "proxy": 64 * 2**10}
 """The request tensors' bytes from which `call_with_batch` takes the handle route rather
 than each gRPC route (benchmarks/bench_batch_transport.py, replica + 2 workers, in one
-run: 12 KiB 4.1 ms direct, 7.0 handle, 9.8 proxy; 64 KiB 5.0, 6.6, 7.6; 1 MiB 10.1,
-12.9, 21.4; 4 MiB 21.9, 18.0, 42.3)."""
+run: 12 KiB 4.7 ms direct, 7.7 handle, 7.9 proxy; 1 MiB 10.9, 12.3, 17.6; 4 MiB 24.9,
+21.8, 36.3; 64 MiB 349, 75, 552)."""
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
