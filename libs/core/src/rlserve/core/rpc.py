@@ -377,7 +377,9 @@ class ServiceClient:
             raise grpc.aio.AioRpcError(
                 code, grpc.aio.Metadata(), grpc.aio.Metadata(), result.details
             )
-        return _response_class(request, self.service, rpc).FromString(result.response), result.batch
+        response = _response_class(request, self.service, rpc).FromString(result.response)
+        # a handler that encoded its batch itself rather than through response_batch
+        return response, _response_batch(response) if result.batch is None else result.batch
 
     def _timed_out(
         self, rpc: str, timeout_s: float, error: grpc.aio.AioRpcError
