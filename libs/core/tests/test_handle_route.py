@@ -194,6 +194,24 @@ def test_a_small_batch_goes_by_grpc_and_a_large_one_by_the_handle(apps):
     assert asyncio.run(routes()) == ["direct", "handle"]
 
 
+def test_a_small_request_expecting_a_large_answer_goes_by_the_handle(apps):
+    async def route(response_bytes: int) -> str:
+        channel = open_channel(apps.grpc_address)
+        client = ServiceClient(channel, reference_pb2_grpc.ReferenceServiceStub, APP, 30.0)
+        await client.call_with_batch(
+            "ComputeRefLogProb",
+            reference_pb2.ComputeRefLogProbRequest(),
+            _batch(4),
+            response_bytes=response_bytes,
+        )
+        await client.close()
+        await channel.close()
+        return client.last_route
+
+    assert asyncio.run(route(HANDLE_ROUTE_MIN_BYTES["direct"])) == "handle"
+    assert asyncio.run(route(HANDLE_ROUTE_MIN_BYTES["direct"] - 1)) == "direct"
+
+
 def test_an_app_without_the_route_is_called_by_grpc(apps):
     response, answer, route = asyncio.run(_call(apps.grpc_address, PLAIN_APP, _batch(rows=2)))
     assert route == "direct"

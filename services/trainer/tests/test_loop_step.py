@@ -41,7 +41,9 @@ class FakeService:
         self.requests.append((rpc, request))
         return self.handlers[rpc](request)
 
-    async def call_with_batch(self, rpc, request, batch, field="batch", timeout_s=None):
+    async def call_with_batch(
+        self, rpc, request, batch, field="batch", timeout_s=None, response_bytes=0
+    ):
         wire_request = type(request)()
         wire_request.CopyFrom(request)
         getattr(wire_request, field).CopyFrom(batch_to_proto(batch))

@@ -223,14 +223,16 @@ class ServiceClient:
         self.last_route = route
         self.calls_by_route[route] += 1
 
-    def _handle_pays(self, grpc_route: str, batch: Batch) -> bool:
-        """Whether `batch` is large enough for the handle route to beat `grpc_route`."""
+    def _handle_pays(self, grpc_route: str, batch: Batch, response_bytes: int) -> bool:
+        """Whether the call moves enough bytes (the request's batch, or the response's
+        when estimated larger) for the handle route to beat `grpc_route`."""
         if not self.handle:
             return False
         min_bytes = self.handle_min_bytes
         if min_bytes is None:
             min_bytes = HANDLE_ROUTE_MIN_BYTES[grpc_route]
-        return sum(t.nbytes for t in batch.tensors.values()) >= min_bytes
+        request_bytes = sum(t.nbytes for t in batch.tensors.values())
+        return max(request_bytes, response_bytes) >= min_bytes
 
     async def _app_handle(self) -> Any | None:
         """The app's DeploymentHandle, looked up at most every DIRECT_LOOKUP_INTERVAL_S."""
@@ -252,12 +254,15 @@ class ServiceClient:
         batch: Batch,
         field: str = "batch",
         timeout_s: float | None = None,
+        response_bytes: int = 0,
     ) -> tuple[Any, Batch | None]:
         """Calls `rpc` with `batch` as the request's `field` (left empty in `request`);
         returns the response and its batch field decoded (None when the response has
         none). A large batch by the handle route on a Ray cluster, else by gRPC; retries as
-        `call`."""
-        return await self._call(rpc, request, (field, batch), timeout_s)
+        `call`. `response_bytes`: the caller's estimate of the response batch's tensor
+        bytes when it may outgrow the request's (a generation), so that the route suits
+        the larger of the two."""
+        return await self._call(rpc, request, (field, batch), timeout_s, response_bytes)
 
     async def _call(
         self,
@@ -265,6 +270,7 @@ class ServiceClient:
         request: Any,
         batch: tuple[str, Batch] | None,
         timeout_s: float | None,
+        response_bytes: int = 0,
     ) -> tuple[Any, Batch | None]:
         timeout_s = timeout_s or self.timeout_s
         backoff_s = self.policy.initial_backoff_s
@@ -273,7 +279,7 @@ class ServiceClient:
         for attempt in range(self.policy.retries + 1):
             route, stub = await self._route(direct_allowed)
             handle = None
-            if batch is not None and self._handle_pays(route, batch[1]):
+            if batch is not None and self._handle_pays(route, batch[1], response_bytes):
                 handle = await self._app_handle()
                 if handle is not None:
                     grpc_route, route = route, "handle"

@@ -773,11 +773,11 @@ class TrainerConfig(ConfigModel):
     rpc_retries: int = Field(2, ge=0)
     """Retries of a call that failed with a retryable status (0 = try once)."""
     handle_route_min_bytes: int | None = Field(None, ge=0)
-    """On the Ray cluster, a batch whose tensors hold this many bytes or more goes to its
-    service through a Serve DeploymentHandle (Ray's object store) instead of protobuf over
-    gRPC; None = from where that was measured to be faster (2 MiB against a direct gRPC
-    call, 64 KiB against the proxy; rlserve.core.rpc.HANDLE_ROUTE_MIN_BYTES); 0 = every
-    batch."""
+    """On the Ray cluster, a call whose batch holds this many bytes of tensors or more (the
+    request's, or a generation's expected answer) goes to its service through a Serve
+    DeploymentHandle (Ray's object store) instead of protobuf over gRPC; None = from where
+    that was measured to be faster (2 MiB against a direct gRPC call, 64 KiB against the
+    proxy; rlserve.core.rpc.HANDLE_ROUTE_MIN_BYTES); 0 = every batch."""
     max_recoveries: int = Field(3, ge=0)
     """Times a run may recover from a service that died or came back with fresh state
     (wait until every service answers, restore all of them and the trainer from the last

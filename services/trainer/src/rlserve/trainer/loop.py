@@ -234,8 +234,17 @@ class PPOTrainer:
             expected_weights_version=weights_version,
             return_log_probs=return_log_probs,
         )
+        prompts = prompt_batch(rows, self.tokenizer)
+        samples = len(prompts) * max(sampling.responses_per_prompt, 1)
+        width = prompts["input_ids"].shape[1] + sampling.max_new_tokens
+        # the answer is several int64 [samples, width] tensors (ids, masks, responses),
+        # far larger than the prompts: it decides the route
         response, sequences = await self.clients.rollout.call_with_batch(
-            "GenerateSequences", request, prompt_batch(rows, self.tokenizer), field="prompts"
+            "GenerateSequences",
+            request,
+            prompts,
+            field="prompts",
+            response_bytes=4 * samples * width * 8,
         )
         return sequences, dict(response.metrics)
 
