@@ -61,17 +61,28 @@ def tensor_to_proto(tensor: torch.Tensor, name: str = "tensor") -> common_pb2.Te
 def _fill_tensor(message: common_pb2.Tensor, tensor: torch.Tensor, name: str) -> None:
     """Writes `tensor` into an empty `message` in place (a map entry of a Batch, say: no
     CopyFrom of a finished message, which would copy the bytes once more)."""
+    code = _proto_dtype(tensor, name)
+    flat = tensor.detach().to("cpu").contiguous()
+    message.dtype = code
+    message.shape.extend(flat.shape)
+    # Viewing as bytes covers bfloat16, which numpy cannot represent.
+    message.data = flat.reshape(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _proto_dtype(tensor: torch.Tensor, name: str) -> int:
+    """The wire code of `tensor`'s dtype; CodecError naming `name` when it has none."""
     code = _PROTO_BY_TORCH.get(tensor.dtype)
     if code is None:
         raise CodecError(
             f"{name}: dtype {tensor.dtype} is not supported; "
             f"use one of {[str(d) for d in SUPPORTED_DTYPES]}"
         )
-    flat = tensor.detach().to("cpu").contiguous()
-    message.dtype = code
-    message.shape.extend(flat.shape)
-    # Viewing as bytes covers bfloat16, which numpy cannot represent.
-    message.data = flat.reshape(-1).view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return code
+
+
+def check_wire_dtype(tensor: torch.Tensor, name: str) -> None:
+    """CodecError naming `name` unless the codec can carry `tensor`'s dtype."""
+    _proto_dtype(tensor, name)
 
 
 def tensor_from_proto(message: common_pb2.Tensor, name: str = "tensor") -> torch.Tensor:

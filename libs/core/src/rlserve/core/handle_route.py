@@ -28,7 +28,7 @@ import grpc
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.core.codec import SUPPORTED_DTYPES, CodecError, batch_from_proto, batch_to_proto
+from rlserve.core.codec import CodecError, batch_from_proto, batch_to_proto, check_wire_dtype
 from rlserve.v1 import common_pb2
 
 
@@ -90,11 +90,7 @@ def check_handed_batch(batch: Any) -> Batch:
     if not isinstance(batch, Batch):
         raise CodecError(f"batch: expected an rlserve Batch, got {type(batch).__name__}")
     for key, tensor in batch.tensors.items():
-        if tensor.dtype not in SUPPORTED_DTYPES:
-            raise CodecError(
-                f"tensors[{key!r}]: dtype {tensor.dtype} is not supported; "
-                f"use one of {[str(d) for d in SUPPORTED_DTYPES]}"
-            )
+        check_wire_dtype(tensor, f"tensors[{key!r}]")
         if tensor.device != torch.device("cpu"):
             raise CodecError(f"tensors[{key!r}]: must be on the CPU, is on {tensor.device}")
     return batch

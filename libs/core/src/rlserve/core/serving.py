@@ -219,32 +219,37 @@ def rpc_method(
     return decorate
 
 
-def _service_name(response_type: Any, rpc: str) -> str:
-    """The gRPC service that answers `rpc` with `response_type` (from the proto
-    descriptors), e.g. "RolloutService"; the proto package when none matches."""
-    descriptor = getattr(response_type, "DESCRIPTOR", None)
-    if descriptor is None:
-        return "unknown"
-    for service in descriptor.file.services_by_name.values():
-        method = service.methods_by_name.get(rpc)
-        if method is not None and method.output_type is descriptor:
-            return service.name
-    return descriptor.file.package
-
-
-def _batch_request_type(response_type: Any, rpc: str) -> type | None:
-    """The request class of `rpc` (answered with `response_type`) when that request has
-    an rlserve.v1.Batch field, else None."""
+def _method_descriptor(response_type: Any, rpc: str) -> Any | None:
+    """The proto descriptor of the RPC `rpc` answered with `response_type`, or None."""
     descriptor = getattr(response_type, "DESCRIPTOR", None)
     if descriptor is None:
         return None
     for service in descriptor.file.services_by_name.values():
         method = service.methods_by_name.get(rpc)
-        if method is None or method.output_type is not descriptor:
-            continue
-        request = method.input_type
-        if any(field.message_type is Batch.DESCRIPTOR for field in request.fields):
-            return message_factory.GetMessageClass(request)
+        if method is not None and method.output_type is descriptor:
+            return method
+    return None
+
+
+def _service_name(response_type: Any, rpc: str) -> str:
+    """The gRPC service that answers `rpc` with `response_type` (from the proto
+    descriptors), e.g. "RolloutService"; the proto package when none matches."""
+    method = _method_descriptor(response_type, rpc)
+    if method is not None:
+        return method.containing_service.name
+    descriptor = getattr(response_type, "DESCRIPTOR", None)
+    return "unknown" if descriptor is None else descriptor.file.package
+
+
+def _batch_request_type(response_type: Any, rpc: str) -> type | None:
+    """The request class of `rpc` (answered with `response_type`) when that request has
+    an rlserve.v1.Batch field, else None."""
+    method = _method_descriptor(response_type, rpc)
+    if method is None:
+        return None
+    request = method.input_type
+    if any(field.message_type is Batch.DESCRIPTOR for field in request.fields):
+        return message_factory.GetMessageClass(request)
     return None
 
 
