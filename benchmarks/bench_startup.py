@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_vs_single_process import prepare_workload, workload_overrides
+from bench_vs_single_process import MachineCpuSampler, prepare_workload, workload_overrides
 
 from rlserve.core import auth
 from rlserve.core.cluster import free_port
@@ -40,8 +40,11 @@ REPO = Path(__file__).resolve().parent.parent
 HEAD_START_TIMEOUT_S = 120
 
 
-def run_train(overrides: list[str], run_parent: Path, env: dict[str, str]) -> dict:
-    """One `rlserve train` under `run_parent`; its summary (the newest run there)."""
+def run_train(
+    overrides: list[str], run_parent: Path, env: dict[str, str], cpu: MachineCpuSampler
+) -> dict:
+    """One `rlserve train` under `run_parent`; its summary (the newest run there) and
+    the CPU seconds the machine spent on its start-up."""
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
@@ -55,7 +58,9 @@ def run_train(overrides: list[str], run_parent: Path, env: dict[str, str]) -> di
         raise RuntimeError(f"rlserve train failed ({done.returncode}):\n{done.stderr[-5000:]}")
     run_dir = max((p for p in run_parent.iterdir() if p.is_dir()), key=lambda p: p.name)
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {**summary, "command_s": command_s}
+    first_step = summary["first_step_unix_s"]
+    startup_cpu_s = cpu.cpu_s(first_step - summary["startup_s"], first_step)
+    return {**summary, "command_s": command_s, "startup_cpu_s": startup_cpu_s}
 
 
 def start_head(temp_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
@@ -106,9 +111,12 @@ def describe(label: str, summary: dict) -> str:
     phases = summary["phases_s"]
     before_steps = list(phases)[: list(phases).index("ppo_steps")]
     split = "  ".join(f"{name} {phases[name]:.1f}" for name in before_steps if "/" not in name)
+    cpu_s, cores = summary["startup_cpu_s"], os.cpu_count()
     return (
         f"{label}: command start to first step {summary['startup_s']:.1f} s ({split}); "
-        f"whole command {summary['command_s']:.1f} s"
+        f"whole command {summary['command_s']:.1f} s\n"
+        f"  the machine's CPU time to the first step {cpu_s:.1f} s: at least "
+        f"{cpu_s / cores:.1f} s on {cores} cores"
     )
 
 
@@ -126,26 +134,27 @@ def main() -> None:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.setdefault(auth.TOKEN_ENV, auth.generate_token())
 
-    new_cluster = run_train([*base, f"trainer.run_dir={root / 'new'}"], root / "new", env)
-    print(describe("new cluster", new_cluster), flush=True)
+    with MachineCpuSampler() as cpu:
+        new_cluster = run_train([*base, f"trainer.run_dir={root / 'new'}"], root / "new", env, cpu)
+        print(describe("new cluster", new_cluster), flush=True)
 
-    # a short path: Ray's unix sockets live under it
-    head, ray_port = start_head(Path(tempfile.mkdtemp(prefix="rlb", dir="/tmp")), env)
-    try:
-        on_cluster = [
-            *base,
-            f"trainer.run_dir={root / 'cluster'}",
-            f"trainer.ray_address=127.0.0.1:{ray_port}",
-            f"trainer.serve_grpc_port={free_port()}",
-        ]
-        first = run_train(on_cluster, root / "cluster", env)
-        print(describe("running cluster, first run (deploys)", first), flush=True)
-        reused = []
-        for index in range(args.reuse_runs):
-            reused.append(run_train(on_cluster, root / "cluster", env))
-            print(describe(f"running cluster, run {index + 2} (reset)", reused[-1]), flush=True)
-    finally:
-        stop_head(head)
+        # a short path: Ray's unix sockets live under it
+        head, ray_port = start_head(Path(tempfile.mkdtemp(prefix="rlb", dir="/tmp")), env)
+        try:
+            on_cluster = [
+                *base,
+                f"trainer.run_dir={root / 'cluster'}",
+                f"trainer.ray_address=127.0.0.1:{ray_port}",
+                f"trainer.serve_grpc_port={free_port()}",
+            ]
+            first = run_train(on_cluster, root / "cluster", env, cpu)
+            print(describe("running cluster, first run (deploys)", first), flush=True)
+            reused = []
+            for index in range(args.reuse_runs):
+                reused.append(run_train(on_cluster, root / "cluster", env, cpu))
+                print(describe(f"running cluster, run {index + 2} (reset)", reused[-1]), flush=True)
+        finally:
+            stop_head(head)
     if reused:
         median = statistics.median(r["startup_s"] for r in reused)
         print(

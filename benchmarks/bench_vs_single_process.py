@@ -15,16 +15,22 @@ model, reward model and prompts; steady state = the steps after the first
 
 Prints per round: episodes/s of each, rlserve's step split (generate = waiting for the
 step's batch, forwards, updates), its start-up (the command's process start to its first
-step, with the phases) and the whole command's time; then the medians, rlserve /
-baseline per mode, and one_step_off / sync.
+step, with the phases) and the whole command's time; the cores each kept busy (the
+baseline: its own CPU time; rlserve: the whole machine's, from /proc/stat, over its
+counted steps); then the medians, rlserve / baseline per mode, one_step_off / sync, and
+the ceiling: the baseline's work run again with one torch thread measures its CPU
+seconds per step without intra-op threading; that work spread over every core without
+overhead is the fastest any split of it (services, pipelining) could run here.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +42,46 @@ from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("generate", "forward_wall", "advantages", "update_actor_waits_generation", "update_wall")
+
+
+class MachineCpuSampler:
+    """Samples /proc/stat (all cores) every `period_s` in a thread, with wall-clock
+    times, so the cores a run of other processes kept busy in a window can be read."""
+
+    def __init__(self, period_s: float = 0.1):
+        self.period_s = period_s
+        self.samples: list[tuple[float, int, int]] = []  # (unix s, busy jiffies, all)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "MachineCpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            with open("/proc/stat") as stat:
+                fields = [int(v) for v in stat.readline().split()[1:]]
+            idle = fields[3] + fields[4]  # idle + iowait
+            self.samples.append((time.time(), sum(fields) - idle, sum(fields)))
+
+    def _window(self, start_unix_s: float, end_unix_s: float) -> tuple[int, int]:
+        inside = [s for s in self.samples if start_unix_s <= s[0] <= end_unix_s]
+        (_, busy0, all0), (_, busy1, all1) = inside[0], inside[-1]
+        return busy1 - busy0, all1 - all0
+
+    def busy_cores(self, start_unix_s: float, end_unix_s: float) -> float:
+        """Mean busy cores of the whole machine between the two times."""
+        busy, everything = self._window(start_unix_s, end_unix_s)
+        return busy / everything * os.cpu_count()
+
+    def cpu_s(self, start_unix_s: float, end_unix_s: float) -> float:
+        """CPU seconds the whole machine spent between the two times."""
+        return self._window(start_unix_s, end_unix_s)[0] / os.sysconf("SC_CLK_TCK")
 
 
 def prepare_workload(root: Path, seed: int) -> tuple[Path, Path]:
@@ -58,7 +104,9 @@ def prepare_workload(root: Path, seed: int) -> tuple[Path, Path]:
     return built.model_dir, reward_dir
 
 
-def run_baseline(model_dir: Path, reward_dir: Path, prompts: Path, args) -> dict:
+def run_baseline(
+    model_dir: Path, reward_dir: Path, prompts: Path, args, threads: int | None = None
+) -> dict:
     command = [
         sys.executable,
         str(HERE / "single_process_ppo.py"),
@@ -67,6 +115,7 @@ def run_baseline(model_dir: Path, reward_dir: Path, prompts: Path, args) -> dict
         f"--prompts-file={prompts}",
         f"--steps={args.steps}",
         f"--skip-steps={args.skip_steps}",
+        *([f"--threads={threads}"] if threads else []),
     ]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -95,7 +144,13 @@ def workload_overrides(model_dir: Path, reward_dir: Path, prompts: Path, steps: 
 
 
 def run_rlserve(
-    model_dir: Path, reward_dir: Path, prompts: Path, run_parent: Path, mode: str, args
+    model_dir: Path,
+    reward_dir: Path,
+    prompts: Path,
+    run_parent: Path,
+    mode: str,
+    args,
+    cpu: MachineCpuSampler,
 ) -> dict:
     overrides = [
         *workload_overrides(model_dir, reward_dir, prompts, args.steps),
@@ -120,11 +175,16 @@ def run_rlserve(
 
     step_s = mean("time/step_s")
     summary = json.loads((run_dir / "summary.json").read_text())
+    # the steps ran back to back from first_step_unix_s (no evaluation or checkpoint)
+    step_times = [r["time/step_s"] for r in steps]
+    counted_start = summary["first_step_unix_s"] + sum(step_times[: args.skip_steps])
+    counted_end = summary["first_step_unix_s"] + sum(step_times)
     phases = summary["phases_s"]
     before_steps = list(phases)[: list(phases).index("ppo_steps")]
     return {
         "episodes_per_s": 64 / step_s,
         "mean_step_s": step_s,
+        "busy_cores": cpu.busy_cores(counted_start, counted_end),
         "stages_s": {stage: mean(f"time/{stage}_s") for stage in STAGES},
         "command_s": command_s,
         "startup_s": summary["startup_s"],
@@ -147,32 +207,53 @@ def main() -> None:
     model_dir, reward_dir = prepare_workload(root, args.seed)
     prompts = model_dir.parent / "data" / "train.jsonl"
     baseline: list[dict] = []
+    one_thread: list[dict] = []  # the same work, each operation on one core
     ours: dict[str, list[dict]] = {mode: [] for mode in args.modes}
-    for round_index in range(args.rounds):
-        baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
-        base = baseline[-1]
-        base_stages = "  ".join(f"{k} {v:.3f}" for k, v in base["stages_s"].items())
-        print(
-            f"round {round_index}: single process {base['episodes_per_s']:6.1f} eps/s "
-            f"({base['mean_step_s']:.3f} s/step: {base_stages})",
-            flush=True,
-        )
-        for mode in args.modes:
-            run_parent = root / f"runs{round_index}_{mode}"
-            mine = run_rlserve(model_dir, reward_dir, prompts, run_parent, mode, args)
-            ours[mode].append(mine)
-            stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
-            startup = mine["startup_phases_s"]
-            phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+    with MachineCpuSampler() as cpu:
+        for round_index in range(args.rounds):
+            baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
+            base = baseline[-1]
+            base_stages = "  ".join(f"{k} {v:.3f}" for k, v in base["stages_s"].items())
             print(
-                f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
-                f"({mine['mean_step_s']:.3f} s/step: {stages})\n"
-                f"    command start to first step {mine['startup_s']:.1f} s ({phases}); "
-                f"whole command {mine['command_s']:.1f} s",
+                f"round {round_index}: single process {base['episodes_per_s']:6.1f} eps/s "
+                f"({base['mean_step_s']:.3f} s/step: {base_stages}); "
+                f"{base['busy_cores']:.2f} of {base['machine_cores']} cores busy",
                 flush=True,
             )
+            one_thread.append(run_baseline(model_dir, reward_dir, prompts, args, threads=1))
+            print(
+                f"  single process, 1 thread {one_thread[-1]['episodes_per_s']:6.1f} eps/s, "
+                f"{one_thread[-1]['cpu_s_per_step']:.3f} CPU s/step",
+                flush=True,
+            )
+            for mode in args.modes:
+                run_parent = root / f"runs{round_index}_{mode}"
+                mine = run_rlserve(model_dir, reward_dir, prompts, run_parent, mode, args, cpu)
+                ours[mode].append(mine)
+                stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
+                startup = mine["startup_phases_s"]
+                phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+                print(
+                    f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
+                    f"({mine['mean_step_s']:.3f} s/step: {stages}); "
+                    f"machine {mine['busy_cores']:.2f} cores busy = "
+                    f"{mine['busy_cores'] * mine['mean_step_s']:.3f} CPU s/step\n"
+                    f"    command start to first step {mine['startup_s']:.1f} s ({phases}); "
+                    f"whole command {mine['command_s']:.1f} s",
+                    flush=True,
+                )
     base_eps = statistics.median(b["episodes_per_s"] for b in baseline)
-    print(f"median of {args.rounds} rounds: single process {base_eps:.1f} eps/s")
+    cores = baseline[0]["machine_cores"]
+    work_cpu_s = statistics.median(b["cpu_s_per_step"] for b in one_thread)
+    ceiling_eps = 64 / (work_cpu_s / cores)
+    print(
+        f"median of {args.rounds} rounds: single process {base_eps:.1f} eps/s "
+        f"({statistics.median(b['busy_cores'] for b in baseline):.2f} of {cores} cores busy); "
+        f"its work at one thread {work_cpu_s:.3f} CPU s/step, which spread over {cores} "
+        f"cores with no idle core and no overhead would run {ceiling_eps:.1f} eps/s = "
+        f"{ceiling_eps / base_eps:.2f}x the single process: the most any split of this "
+        "work can gain on this machine"
+    )
     medians = {
         mode: statistics.median(o["episodes_per_s"] for o in runs) for mode, runs in ours.items()
     }

@@ -15,13 +15,15 @@ models and prompts; alone:
     .venv/bin/python benchmarks/single_process_ppo.py --model DIR --reward-model DIR \
         --prompts-file train.jsonl --steps 20
 
-Prints one JSON line: step_s per step, and episodes_per_s and the mean of each stage
-(generate, forwards, advantages, updates) over the steps after the first `--skip-steps`.
+Prints one JSON line: step_s per step, and episodes_per_s, the CPU seconds per step, the
+cores kept busy and the mean of each stage (generate, forwards, advantages, updates) over
+the steps after the first `--skip-steps`.
 """
 
 import argparse
 import gc
 import json
+import os
 import statistics
 import time
 
@@ -73,8 +75,11 @@ def main() -> None:
     parser.add_argument("--actor-lr", type=float, default=2e-4)
     parser.add_argument("--critic-lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     tokenizer.padding_side = "left"
@@ -91,9 +96,10 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # what TRL's users do: the collector's pauses otherwise dominate
 
-    step_times, stage_times = [], []
+    step_times, stage_times, cpu_times = [], [], []
     for step in range(args.steps):
         started = time.perf_counter()
+        cpu_started = time.process_time()
         batch = prompts[step * n % len(prompts) :][:n]
         enc = tokenizer(batch, return_tensors="pt", padding=True)
         policy.eval()
@@ -144,6 +150,7 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
         critic_opt.step()
         step_times.append(time.perf_counter() - started)
+        cpu_times.append(time.process_time() - cpu_started)
         stage_times.append(
             {
                 "generate": generated - started,
@@ -165,6 +172,10 @@ def main() -> None:
                 },
                 "episodes_per_s": n / statistics.fmean(counted),
                 "torch_threads": torch.get_num_threads(),
+                "cpu_s_per_step": statistics.fmean(cpu_times[args.skip_steps :]),
+                # CPU seconds of all its threads per wall second: the cores it keeps busy
+                "busy_cores": sum(cpu_times[args.skip_steps :]) / sum(counted),
+                "machine_cores": len(os.sched_getaffinity(0)),
             }
         )
     )
