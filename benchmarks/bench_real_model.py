@@ -43,10 +43,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sampling import PeriodicThread
 
 GIB = 2**30
 PROCESS_KINDS = (
@@ -100,37 +101,34 @@ class MemorySampler:
     node_peak: int = 0
     kind_peak: dict[str, int] = field(default_factory=dict)
     process_peak: dict[str, int] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: PeriodicThread | None = None
 
     def __enter__(self) -> MemorySampler:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._thread = PeriodicThread(self.interval_s, self._sample).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._thread.__exit__(*exc)
 
-    def _run(self) -> None:
+    def _sample(self) -> None:
         me = str(os.getpid())
-        while not self._stop.wait(self.interval_s):
-            self.node_peak = max(self.node_peak, node_used_bytes())
-            totals: dict[str, int] = {}
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                if pid == me:
-                    continue
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                except OSError:
-                    continue
-                kind = process_kind(cmdline.decode(errors="replace"))
-                if kind is None:
-                    continue
-                pss = pss_bytes(pid)
-                totals[kind] = totals.get(kind, 0) + pss
-                self.process_peak[kind] = max(self.process_peak.get(kind, 0), pss)
-            for kind, total in totals.items():
-                self.kind_peak[kind] = max(self.kind_peak.get(kind, 0), total)
+        self.node_peak = max(self.node_peak, node_used_bytes())
+        totals: dict[str, int] = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if pid == me:
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            kind = process_kind(cmdline.decode(errors="replace"))
+            if kind is None:
+                continue
+            pss = pss_bytes(pid)
+            totals[kind] = totals.get(kind, 0) + pss
+            self.process_peak[kind] = max(self.process_peak.get(kind, 0), pss)
+        for kind, total in totals.items():
+            self.kind_peak[kind] = max(self.kind_peak.get(kind, 0), total)
 
     @property
     def node_added(self) -> int:

@@ -134,7 +134,8 @@ def main() -> None:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.setdefault(auth.TOKEN_ENV, auth.generate_token())
 
-    with MachineCpuSampler() as cpu:
+    cpu = MachineCpuSampler()
+    with cpu.sampling():
         new_cluster = run_train([*base, f"trainer.run_dir={root / 'new'}"], root / "new", env, cpu)
         print(describe("new cluster", new_cluster), flush=True)
 

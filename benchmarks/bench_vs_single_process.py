@@ -30,11 +30,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
+from sampling import PeriodicThread
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlserve.core.embedded.prepare import prepare_embedded_default
@@ -45,29 +45,22 @@ STAGES = ("generate", "forward_wall", "advantages", "update_actor_waits_generati
 
 
 class MachineCpuSampler:
-    """Samples /proc/stat (all cores) every `period_s` in a thread, with wall-clock
-    times, so the cores a run of other processes kept busy in a window can be read."""
+    """Samples /proc/stat (all cores) with wall-clock times, so the cores a run of other
+    processes kept busy in a window can be read; `with cpu.sampling(): ...` samples
+    every `period_s` in a thread."""
 
     def __init__(self, period_s: float = 0.1):
         self.period_s = period_s
         self.samples: list[tuple[float, int, int]] = []  # (unix s, busy jiffies, all)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "MachineCpuSampler":
-        self._thread.start()
-        return self
+    def sampling(self) -> PeriodicThread:
+        return PeriodicThread(self.period_s, self.sample)
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            with open("/proc/stat") as stat:
-                fields = [int(v) for v in stat.readline().split()[1:]]
-            idle = fields[3] + fields[4]  # idle + iowait
-            self.samples.append((time.time(), sum(fields) - idle, sum(fields)))
+    def sample(self) -> None:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        self.samples.append((time.time(), sum(fields) - idle, sum(fields)))
 
     def _window(self, start_unix_s: float, end_unix_s: float) -> tuple[int, int]:
         inside = [s for s in self.samples if start_unix_s <= s[0] <= end_unix_s]
@@ -209,7 +202,8 @@ def main() -> None:
     baseline: list[dict] = []
     one_thread: list[dict] = []  # the same work, each operation on one core
     ours: dict[str, list[dict]] = {mode: [] for mode in args.modes}
-    with MachineCpuSampler() as cpu:
+    cpu = MachineCpuSampler()
+    with cpu.sampling():
         for round_index in range(args.rounds):
             baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
             base = baseline[-1]
