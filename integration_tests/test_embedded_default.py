@@ -51,6 +51,15 @@ def test_ppo_raises_held_out_accuracy_by_20_points_within_10_minutes(seed, tmp_p
 def test_grpo_without_critic_also_improves(tmp_path):
     summary = _train(tmp_path, "trainer.total_steps=10", config=EMBEDDED_GRPO_CONFIG_PATH)
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05, summary
+    # the start-up's phases, each timed, in the order they ran (no critic in GRPO)
+    phases = list(summary["phases_s"])
+    startup = ["process_start", "prepare", "ray_start", "serve_start", "deploy"]
+    assert phases[: len(startup)] == startup, phases
+    assert {"deploy/rollout", "deploy/reference", "deploy/reward"} <= set(phases), phases
+    assert "deploy/critic" not in phases
+    assert all(seconds >= 0 for seconds in summary["phases_s"].values())
+    before_steps = sum(summary["phases_s"][p] for p in startup)
+    assert before_steps <= summary["startup_s"] < summary["total_s"], summary
 
 
 @pytest.mark.parametrize("seed", range(5))

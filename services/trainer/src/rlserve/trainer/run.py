@@ -80,7 +80,8 @@ class RunSummary:
     """Each time the run restored its services from a checkpoint after losing one."""
     phases_s: dict[str, float]
     """Seconds per phase of the command, in order: the process's start (interpreter,
-    imports, config), prepare (the embedded default's warm-up), Ray + Serve start,
+    imports, config), prepare (the embedded default's warm-up), ray_start (a local
+    Ray started, or the configured one joined), serve_start (Serve and its gRPC proxy),
     deploy (and deploy/<role>: each service's time to running), trainer set-up (with
     reset_services when an earlier run had trained them), the first evaluation and
     checkpoint, the PPO steps, the last evaluation and checkpoint, teardown."""
@@ -401,14 +402,10 @@ def _resource_metrics() -> dict[str, float]:
         return {}
 
 
-def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
-    """Starts (or joins) Ray and Serve; returns (Serve gRPC address, started_locally)."""
-    from rlserve.core.cluster import (
-        connect_ray,
-        start_local_ray,
-        start_serve,
-        start_serve_on_a_free_port,
-    )
+def start_ray(config: RunConfig, run_dir: Path) -> bool:
+    """Starts a private local Ray (no trainer.ray_address) or joins the configured one;
+    returns whether it was started here."""
+    from rlserve.core.cluster import connect_ray, start_local_ray
 
     if config.trainer.ray_address is None:
         if auth.expected_token() is None:
@@ -423,12 +420,7 @@ def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
             log_to_driver=False,
         )
         console.print(f"local Ray cluster started; logs under {temp_dir}/session_latest/logs")
-        if config.trainer.serve_grpc_port:
-            port = config.trainer.serve_grpc_port
-            start_serve(port)
-        else:
-            port = start_serve_on_a_free_port()
-        return f"127.0.0.1:{port}", True
+        return True
     if auth.expected_token() is None:
         console.print(
             f"[yellow]warning:[/] neither {auth.TOKEN_ENV} nor {auth.TOKEN_FILE_ENV} is set: "
@@ -437,10 +429,24 @@ def start_cluster(config: RunConfig, run_dir: Path) -> tuple[str, bool]:
             f"see deploy/README.md, Authentication"
         )
     connect_ray(config.trainer.ray_address)
+    return False
+
+
+def start_serve_proxy(config: RunConfig, local: bool) -> str:
+    """Starts Serve with its gRPC proxy (or finds it running); returns its address."""
+    from rlserve.core.cluster import start_serve, start_serve_on_a_free_port
+
+    if local:
+        if config.trainer.serve_grpc_port:
+            port = config.trainer.serve_grpc_port
+            start_serve(port)
+        else:
+            port = start_serve_on_a_free_port()
+        return f"127.0.0.1:{port}"
     start_serve(config.trainer.serve_grpc_port)
     host = config.trainer.ray_address.split("://")[-1].split(":")[0]
     host = "127.0.0.1" if host in ("auto", "localhost") else host
-    return f"{host}:{config.trainer.serve_grpc_port}", False
+    return f"{host}:{config.trainer.serve_grpc_port}"
 
 
 def new_run_dir(config: RunConfig) -> Path:
@@ -487,8 +493,11 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
             f"{100 * inputs.warmup_accuracy:.1f}%"
         )
     mark = time.perf_counter()
-    address, local = start_cluster(config, run_dir)
-    phases["ray_serve_start"] = time.perf_counter() - mark
+    local = start_ray(config, run_dir)
+    phases["ray_start"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    address = start_serve_proxy(config, local)
+    phases["serve_start"] = time.perf_counter() - mark
     try:
         mark = time.perf_counter()
         apps = service_args(config, inputs.model_dir)
