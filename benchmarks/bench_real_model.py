@@ -94,21 +94,17 @@ def pss_bytes(pid: str) -> int:
 
 @dataclass
 class MemorySampler:
-    """Peak node usage and peak PSS per process kind while it runs (a thread)."""
+    """Peak node usage and peak PSS per process kind while `sampling()` runs."""
 
     interval_s: float = 0.5
     baseline: int = field(default_factory=node_used_bytes)
     node_peak: int = 0
     kind_peak: dict[str, int] = field(default_factory=dict)
     process_peak: dict[str, int] = field(default_factory=dict)
-    _thread: PeriodicThread | None = None
 
-    def __enter__(self) -> MemorySampler:
-        self._thread = PeriodicThread(self.interval_s, self._sample).__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._thread.__exit__(*exc)
+    def sampling(self) -> PeriodicThread:
+        """`with memory.sampling(): ...` samples every `interval_s` in a thread."""
+        return PeriodicThread(self.interval_s, self._sample)
 
     def _sample(self) -> None:
         me = str(os.getpid())
@@ -259,7 +255,8 @@ def run_case(case: Case, args, model_dir: Path, data: Path, work: Path) -> dict:
     command += overrides(case, args, model_dir, data)
     print(f"[{case.name}] rlserve train ... ({args.steps} steps)", flush=True)
     started = time.perf_counter()
-    with MemorySampler() as memory:
+    memory = MemorySampler()
+    with memory.sampling():
         completed = subprocess.run(command, capture_output=True, text=True)
     wall_s = time.perf_counter() - started
     if completed.returncode != 0:

@@ -31,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_vs_single_process import MachineCpuSampler, prepare_workload, workload_overrides
+from bench_vs_single_process import prepare_workload, workload_overrides
+from sampling import MachineCpuSampler
 
 from rlserve.core import auth
 from rlserve.core.cluster import free_port

@@ -25,7 +25,6 @@ overhead is the fastest any split of it (services, pipelining) could run here.
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from sampling import PeriodicThread
+from sampling import MachineCpuSampler
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlserve.core.embedded.prepare import prepare_embedded_default
@@ -42,39 +41,6 @@ from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("generate", "forward_wall", "advantages", "update_actor_waits_generation", "update_wall")
-
-
-class MachineCpuSampler:
-    """Samples /proc/stat (all cores) with wall-clock times, so the cores a run of other
-    processes kept busy in a window can be read; `with cpu.sampling(): ...` samples
-    every `period_s` in a thread."""
-
-    def __init__(self, period_s: float = 0.1):
-        self.period_s = period_s
-        self.samples: list[tuple[float, int, int]] = []  # (unix s, busy jiffies, all)
-
-    def sampling(self) -> PeriodicThread:
-        return PeriodicThread(self.period_s, self.sample)
-
-    def sample(self) -> None:
-        with open("/proc/stat") as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        self.samples.append((time.time(), sum(fields) - idle, sum(fields)))
-
-    def _window(self, start_unix_s: float, end_unix_s: float) -> tuple[int, int]:
-        inside = [s for s in self.samples if start_unix_s <= s[0] <= end_unix_s]
-        (_, busy0, all0), (_, busy1, all1) = inside[0], inside[-1]
-        return busy1 - busy0, all1 - all0
-
-    def busy_cores(self, start_unix_s: float, end_unix_s: float) -> float:
-        """Mean busy cores of the whole machine between the two times."""
-        busy, everything = self._window(start_unix_s, end_unix_s)
-        return busy / everything * os.cpu_count()
-
-    def cpu_s(self, start_unix_s: float, end_unix_s: float) -> float:
-        """CPU seconds the whole machine spent between the two times."""
-        return self._window(start_unix_s, end_unix_s)[0] / os.sysconf("SC_CLK_TCK")
 
 
 def prepare_workload(root: Path, seed: int) -> tuple[Path, Path]:
