@@ -7,9 +7,10 @@ rlserve. bench_vs_trl.py starts it; by hand:
         --data train.jsonl --prompts 8 --responses 4 --new-tokens 48 --lora-rank 8 --steps 4
 
 Prints one JSON line per optimizer step: {"step", "step_s", "generate_s", "forward_s",
-"update_s"}. generate_s is TRL's sampling call, forward_s its no-grad log-prob passes (the
-reference, and old log-probs when TRL needs them), update_s the rest of the step (the
-training forward, backward and optimizer step, with rewards and bookkeeping). The
+"update_s", "intervals"}. generate_s is TRL's sampling call, forward_s its no-grad
+log-prob passes (the reference, and old log-probs when TRL needs them), update_s the rest
+of the step (the training forward, backward and optimizer step, with rewards and
+bookkeeping); intervals the unix times each stage ran between. The
 workload is the one rlserve runs: the same model in fp32, the same chat prompts, exactly
 `--new-tokens` new tokens, temperature 1, one optimizer step per generation, KL loss 0.04
 (k3) against the base; TRL's own defaults otherwise (gradient checkpointing on), as a
@@ -43,10 +44,12 @@ def exact_answer(completions, ground_truth, **_) -> list[float]:
 
 
 class StageClock(TrainerCallback):
-    """Per-step wall time, and the seconds spent in the wrapped stages during it."""
+    """Per-step wall time, the seconds spent in the wrapped stages during it, and the
+    unix times each stage ran between (first start, last end)."""
 
     def __init__(self):
         self.stages = {"generate_s": 0.0, "forward_s": 0.0}
+        self.spans: dict[str, list[float]] = {}
         self.started = 0.0
 
     def wrap(self, owner, name: str, stage: str, only_without_grad: bool = False) -> None:
@@ -55,22 +58,37 @@ class StageClock(TrainerCallback):
         def timed(*args, **kwargs):
             if only_without_grad and torch.is_grad_enabled():
                 return inner(*args, **kwargs)
-            started = time.perf_counter()
+            started, started_unix = time.perf_counter(), time.time()
             try:
                 return inner(*args, **kwargs)
             finally:
                 self.stages[stage] += time.perf_counter() - started
+                span = self.spans.setdefault(stage, [started_unix, 0.0])
+                span[1] = time.time()
 
         setattr(owner, name, timed)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.stages = dict.fromkeys(self.stages, 0.0)
+        self.spans = {}
         self.started = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         step_s = time.perf_counter() - self.started
         update_s = step_s - sum(self.stages.values())
-        record = {"step": state.global_step, "step_s": step_s, **self.stages, "update_s": update_s}
+        last = max(end for _, end in self.spans.values())
+        intervals = {
+            "generate": self.spans["generate_s"],
+            "forward": self.spans["forward_s"],
+            "update": [last, time.time()],  # the training forward and backward come last
+        }
+        record = {
+            "step": state.global_step,
+            "step_s": step_s,
+            **self.stages,
+            "update_s": update_s,
+            "intervals": intervals,
+        }
         print(json.dumps(record), flush=True)
 
 

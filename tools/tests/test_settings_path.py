@@ -32,7 +32,11 @@ SERVICE_CONFIGS = {
     "reward": RewardServiceConfig,
 }
 # Set only under a condition; each has its own test below.
-CONDITIONAL = {"rollout": {"serve_reference"}}
+CONDITIONAL = {
+    "rollout": {"serve_reference", "stage_threads"},
+    "critic": {"stage_threads"},
+    "reference": {"stage_threads"},
+}
 # Each worker service's settings: (the class its config subclasses, the run section).
 SETTINGS = {
     "rollout": (ActorSettings, "actor"),
@@ -234,3 +238,10 @@ def test_vllm_settings_reach_the_worker_whole():
     config = _config(rollout={"engine": "vllm", "vllm": vllm})
     rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])
     assert actor_worker_kwargs(rollout)["vllm"] == vllm
+
+
+def test_stage_threads_reach_every_worker_service_where_the_cores_are_known():
+    config = _config(placement={**EVERY_ROLE_PLACED, "node_cpus": 6})
+    apps = service_args(config, "/models/policy")
+    for role in ("rollout", "critic", "reference"):
+        assert set(apps[role]["stage_threads"]) == {"generate", "forward", "update"}, role

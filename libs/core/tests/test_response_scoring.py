@@ -129,6 +129,27 @@ def test_gradients_equal_the_full_logits_gradients():
         torch.testing.assert_close(chunked[name], plain[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_an_entropy_without_grad_is_the_same_metric_and_leaves_the_log_prob_gradients():
+    """entropy_grad=False: the entropy's values are unchanged, it carries no graph, and
+    the log-probs' gradients are those of the plain computation."""
+    batch = ragged_batch(97, *LAYOUTS["uneven prompts and responses"])
+    weights = torch.linspace(-1, 1, batch["responses"].numel()).reshape(batch["responses"].shape)
+
+    def scored(entropy_grad: bool):
+        model = tiny_lm()
+        scores = score_responses(
+            model, **batch, chunk_tokens=3, with_entropy=True, entropy_grad=entropy_grad
+        )
+        (scores.log_probs * weights).sum().backward()
+        return scores, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    (metric_only, grads), (with_graph, reference_grads) = scored(False), scored(True)
+    assert not metric_only.entropy.requires_grad and with_graph.entropy.requires_grad
+    torch.testing.assert_close(metric_only.entropy, with_graph.entropy.detach())
+    for name, grad in reference_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_logit_softcapping_and_scale_are_applied():
     """A config that post-processes the head's logits is scored like the model's own
     forward (which applies them)."""

@@ -375,6 +375,49 @@ def test_update_rows_must_tile_mini_batches(service):
     assert error.message.startswith("batch: 6 rows must be a multiple of ppo_mini_batch_samples")
 
 
+def test_an_update_without_old_log_probs_must_be_one_optimizer_step(service):
+    batch = service.update_batch()  # 8 rows, two mini-batches of 4
+    without_old = batch.select(
+        tensor_keys=[*SEQUENCE_KEYS, "advantages"], non_tensor_keys=[], meta_keys=[]
+    )
+    step, version = service.controller.last_applied_step + 1, service.controller.weights_version
+    error = rpc_error(lambda: service.update_actor(step, version, without_old))
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.message.startswith("batch.tensors['old_log_probs']: may be left out only")
+    assert not service.update_actor(step, version, batch).replayed  # still usable
+
+
+def test_a_single_pass_update_takes_its_own_forward_as_the_old_log_probs(
+    process_group, tiny_model_dir
+):
+    """One optimizer step over the whole batch: leaving old_log_probs out trains the
+    same weights as sending ComputeLogProb's, and the response carries that forward's
+    log-probs and entropy in the request's row order (the plan shuffles rows)."""
+    config = {"ppo_mini_batch_samples": 8, "micro_batch_samples": 2, "seed": 3}
+    sent, single = Service(tiny_model_dir, **config), Service(tiny_model_dir, **config)
+    batch = sent.update_batch(advantage=1.0)
+    entropy = sent.compute_log_prob(batch, return_entropy=True)[0]["entropy"]
+    without_old = batch.select(
+        tensor_keys=[*SEQUENCE_KEYS, "advantages"], non_tensor_keys=[], meta_keys=[]
+    )
+    with_old = sent.update_actor(0, 0, batch)
+    result = single.update_actor(0, 0, without_old)
+    assert with_old.scores is None and result.weights_version == 1
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(
+        result.scores["log_probs"], batch["old_log_probs"], atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(result.scores["entropy"], entropy, atol=1e-5, rtol=0)
+    assert bool((result.scores["log_probs"][~mask] == 0).all())
+    for key in ("pg_loss", "grad_norm", "entropy"):
+        assert math.isclose(result.metrics[key], with_old.metrics[key], rel_tol=1e-4, abs_tol=1e-6)
+    trained, reference = single.worker.policy_weights(), sent.worker.policy_weights()
+    for key, weight in trained.items():
+        torch.testing.assert_close(weight, reference[key], atol=1e-6, rtol=1e-5)
+    replay = single.update_actor(0, 0, without_old)
+    assert replay.replayed and torch.equal(replay.scores["log_probs"], result.scores["log_probs"])
+
+
 def checkpoints_under(service: Service, root) -> None:
     """Confines the service's checkpoints to `root` (its config's checkpoint_root)."""
     settings = service.controller.settings

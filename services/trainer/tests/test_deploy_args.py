@@ -2,6 +2,8 @@
 per-role bundle offsets, reward gets its pool's nodes and its scaling; `rlserve service
 scale` edits only what it should."""
 
+import os
+
 import pytest
 
 from rlserve.core.config import ConfigError, validate_config
@@ -199,3 +201,89 @@ def test_settings_differences_never_print_a_secret():
     (line,) = settings_differences({"reward": reward_with("Bearer s3cret")}, deployed)
     assert line.startswith("reward.kinds: deployed ") and "<redacted>" in line
     assert "s3cret" not in line and "old" not in line
+
+
+def _threads(settings: dict, node_cpus: int = 8) -> dict[str, dict[str, int]]:
+    config = validate_config(
+        RunConfig, {**settings, "placement": {"node_cpus": node_cpus}, "trainer": {
+            "ray_address": "ray://elsewhere:10001", "serve_grpc_port": 9000,
+            **settings.get("trainer", {})}}
+    )  # fmt: skip
+    apps = service_args(config, "/m")
+    return {role: args["stage_threads"] for role, args in apps.items() if "stage_threads" in args}
+
+
+GRPO_LORA = {
+    "algorithm": {"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0}},
+    "actor": {
+        "lora_rank": 8,
+        "use_kl_loss": True,
+        "ppo_epochs": 1,
+        "ppo_mini_batch_prompts": 16,
+        "micro_batch_samples": 16,
+    },
+    "rollout": {"responses_per_prompt": 4},
+    "trainer": {"prompts_per_step": 16},
+}
+
+
+def test_a_single_pass_lora_actor_gets_every_core_in_every_stage():
+    # the reference is the actor's own base (merged by default), no log-prob pass
+    assert _threads(GRPO_LORA) == {"rollout": {"generate": 8, "forward": 8, "update": 8}}
+
+
+def test_concurrent_stages_share_the_node_cores():
+    ppo = {
+        "algorithm": {"adv_estimator": "gae"},
+        "actor": {"workers": 2, "micro_batch_samples": 16},
+    }
+    threads = _threads(ppo)
+    # generate: 2 rollout workers; forward: log-prob, reference and values (2 + 1 + 1);
+    # update: actor and critic (2 + 1)
+    assert threads["rollout"] == {"generate": 4, "forward": 2, "update": 2}
+    assert threads["critic"] == threads["reference"] == threads["rollout"]
+    # a single-pass full-weight GRPO run: the separate reference forwards alone
+    full = {**GRPO_LORA, "actor": {**GRPO_LORA["actor"], "lora_rank": 0}}
+    assert _threads(full)["reference"] == {"generate": 8, "forward": 8, "update": 8}
+
+
+def test_stage_threads_need_known_cores_and_can_be_turned_off():
+    joined = validate_config(
+        RunConfig, {"trainer": {"ray_address": "ray://elsewhere:10001", "serve_grpc_port": 9000}}
+    )
+    assert not any("stage_threads" in args for args in service_args(joined, "/m").values())
+    off = validate_config(RunConfig, {"placement": {"stage_threads": False}})
+    assert not any("stage_threads" in args for args in service_args(off, "/m").values())
+    local = service_args(validate_config(RunConfig, {}), "/m")
+    assert local["rollout"]["stage_threads"]["generate"] == len(os.sched_getaffinity(0))
+
+
+def test_single_pass_update_only_where_the_update_is_one_on_policy_step():
+    def single_pass(**sections) -> bool:
+        merged = {key: {**GRPO_LORA.get(key, {}), **sections.get(key, {})} for key in
+                  {*GRPO_LORA, *sections}}  # fmt: skip
+        return validate_config(RunConfig, merged).single_pass_update
+
+    assert single_pass()
+    assert not single_pass(actor={"ppo_epochs": 2})
+    assert not single_pass(actor={"ppo_mini_batch_prompts": 8})
+    assert not single_pass(actor={"reuse_update_forward": False})
+    assert not single_pass(rollout={"mode": "one_step_off"})
+    assert not single_pass(algorithm={"rollout_is_cap": 2.0})
+    # a KL penalty in the reward reads the old log-probs before the update
+    assert not single_pass(actor={"use_kl_loss": False}, algorithm={"kl_ctrl": {"kl_coef": 0.1}})
+    assert single_pass(algorithm={"kl_ctrl": {"kl_coef": 0.1}})  # ignored beside a KL loss
+
+
+def test_a_lora_actor_serves_its_own_reference_unless_told_otherwise():
+    lora = validate_config(RunConfig, GRPO_LORA)
+    assert lora.reference_merged and "reference" not in service_args(lora, "/m")
+    assert service_args(lora, "/m")["rollout"]["serve_reference"]
+    separate = validate_config(
+        RunConfig, {**GRPO_LORA, "placement": {"reference_in_rollout": False}}
+    )
+    assert not separate.reference_merged and "reference" in service_args(separate, "/m")
+    full = validate_config(
+        RunConfig, {**GRPO_LORA, "actor": {**GRPO_LORA["actor"], "lora_rank": 0}}
+    )
+    assert not full.reference_merged

@@ -90,9 +90,15 @@ def _log_prob(request):
 
 
 def _update_actor(request):
-    return rollout_pb2.UpdateActorResponse(
+    response = rollout_pb2.UpdateActorResponse(
         weights_version=request.weights_version + 1, metrics={"pg_loss": 0.0}
     )
+    batch = batch_from_proto(request.batch)
+    if "old_log_probs" not in batch.tensors:  # a single-pass update scores the rows itself
+        mask = batch["response_mask"].float()
+        scores = Batch({"log_probs": POLICY_LOG_PROB * mask, "entropy": 0.25 * mask})
+        response.batch.CopyFrom(batch_to_proto(scores))
+    return response
 
 
 def _reward(request):
@@ -175,6 +181,34 @@ def test_ppo_step_asks_every_service_once_and_updates_both_models(tokenizer, tmp
     # k1 in the reward: old - ref = 0.1 nat per token
     assert metrics["kl_token_mean"] == pytest.approx(0.1)
     assert "ref_log_probs" not in actor_batch(clients).tensors  # the KL is in the reward
+
+
+def test_a_single_pass_step_takes_the_old_log_probs_from_the_update(tokenizer, tmp_path):
+    """One on-policy optimizer step: no ComputeLogProb, the actor gets no old_log_probs,
+    and the entropy and the drift from the reference come from the update's forward."""
+    metrics, clients = one_step(
+        tokenizer,
+        tmp_path,
+        algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0.0}},
+        actor={"ppo_epochs": 1, "use_kl_loss": True},
+        rollout={"max_new_tokens": 3, "responses_per_prompt": 2},
+    )
+    assert clients.rollout.sent("ComputeLogProb") == []
+    assert len(clients.reference.sent("ComputeRefLogProb")) == 1
+    sent = actor_batch(clients)
+    assert "old_log_probs" not in sent.tensors and "ref_log_probs" in sent.tensors
+    assert metrics["entropy_mean"] == pytest.approx(0.25)
+    assert metrics["kl_token_mean"] == pytest.approx(0.1)  # update's -0.5 vs the ref's -0.6
+    # a second epoch makes the update take several steps: old log-probs computed first
+    _, clients = one_step(
+        tokenizer,
+        tmp_path / "two",
+        algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0.0}},
+        actor={"ppo_epochs": 2, "use_kl_loss": True},
+        rollout={"max_new_tokens": 3, "responses_per_prompt": 2},
+    )
+    assert len(clients.rollout.sent("ComputeLogProb")) == 1
+    assert "old_log_probs" in actor_batch(clients).tensors
 
 
 def test_rollout_correction_asks_the_engine_and_weights_the_advantages(tokenizer, tmp_path):

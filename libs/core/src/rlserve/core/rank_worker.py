@@ -49,16 +49,21 @@ class RankSetup:
     """torch intra-op threads of the rank's process."""
     forward_max_tokens: int | None = None
     """Most tokens per forward micro-batch; None = by sample count only."""
+    stage_threads: dict[str, int] | None = None
+    """torch threads of each stage's calls ("generate", "forward", "update"), set as
+    each call starts (rlserve.core.service_config.StageThreads); None = num_threads."""
 
     @classmethod
     def of(cls, config: WorkerDeployment, num_threads: int | None = None) -> RankSetup:
         """A service config's: threads follow the worker's CPUs unless given."""
+        stages = config.stage_threads
         return cls(
             model_path=config.model_path,
             dtype=config.dtype,
             device=config.device,
             num_threads=num_threads or max(1, int(config.num_cpus_per_worker)),
             forward_max_tokens=config.forward_max_tokens,
+            stage_threads=stages.model_dump() if stages is not None else None,
         )
 
 
@@ -67,10 +72,17 @@ class RankWorker:
 
     def __init__(self, rank: int, world_size: int, setup: RankSetup):
         torch.set_num_threads(setup.num_threads)
+        self.stage_threads = setup.stage_threads
         self.rank, self.world_size = rank, world_size
         self.model_path, self.dtype = setup.model_path, setup.dtype
         self.device = resolve_device(setup.device)
         self.forward_max_tokens = setup.forward_max_tokens
+
+    def use_threads(self, stage: str) -> None:
+        """The torch threads planned for `stage` ("generate", "forward", "update"): the
+        stage on the critical path takes the cores that others leave idle meanwhile."""
+        if self.stage_threads is not None:
+            torch.set_num_threads(self.stage_threads[stage])
 
     def node_address(self) -> tuple[str, int]:
         return distributed_address()

@@ -139,9 +139,12 @@ def _chunk_scores(
     softcap: float | None,
     with_entropy: bool,
     with_sum_pi_squared: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log-prob of each label, entropy and Σπ², for one chunk of hidden states (or,
-    with no head, of logits the model already computed and post-processed).
+    with no head, of logits the model already computed and post-processed). Σπ², and
+    the entropy unless `entropy_grad`, come from detached logits: no graph, and under
+    checkpointing backward's recomputation stops before them.
 
     Shape: features (n, H) or (n, V), labels (n,) -> (n,), (n,), (n,) (entropy and Σπ²
     are empty when not asked for)
@@ -161,12 +164,15 @@ def _chunk_scores(
     entropy = sum_pi_squared = logits.new_zeros(0)
     if not (with_entropy or with_sum_pi_squared):
         return log_probs, entropy, sum_pi_squared
+    if not entropy_grad:
+        logits, normaliser = logits.detach(), normaliser.detach()
     probs = torch.softmax(logits, dim=-1)
     if with_entropy:
         # Σ p·z as a batched dot product: a matmul allocates no (n, V) product.
         expected_logit = (probs.unsqueeze(-2) @ logits.unsqueeze(-1)).reshape(-1)
         entropy = normaliser - expected_logit
     if with_sum_pi_squared:
+        probs = probs.detach()
         sum_pi_squared = (probs.unsqueeze(-2) @ probs.unsqueeze(-1)).reshape(-1)
     return log_probs, entropy, sum_pi_squared
 
@@ -181,11 +187,13 @@ def score_responses(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     with_entropy: bool = False,
     with_sum_pi_squared: bool = False,
+    entropy_grad: bool = True,
 ) -> ResponseScores:
     """log π(response token) (and entropy, and Σ_v π(v)²) at every real response token.
 
     `model` is a Hugging Face causal LM or a DeepSpeed engine around one. Differentiable
-    when grad is enabled (the entropy too; detach it if it only feeds a metric).
+    when grad is enabled: the log-probs, and the entropy unless `entropy_grad` is False
+    (a metric only: cheaper, backward recomputes nothing for it). Σπ² never is.
 
     Shape: input_ids, attention_mask (B, P+R); responses, response_mask (B, R)
         -> ResponseScores of (B, R)
@@ -236,6 +244,7 @@ def score_responses(
             softcap,
             with_entropy,
             with_sum_pi_squared,
+            entropy_grad,
         )
         if torch.is_grad_enabled() and head is not None:
             chunk = checkpoint(_chunk_scores, *args, use_reentrant=False)

@@ -15,8 +15,20 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from rlserve.core.config import ConfigModel
 from rlserve.core.placement import WorkerPlacementConfig
 from rlserve.core.run_config import Dtype, TracingConfig, WorkerSettings
+
+
+class StageThreads(ConfigModel):
+    """torch intra-op threads a worker uses in each stage of a PPO step. The trainer
+    plans them from the node's cores and the workers busy in each stage at once
+    (rlserve.trainer.deploy.stage_thread_plan); a stage a service has not is ignored."""
+
+    generate: int = Field(1, ge=1)
+    forward: int = Field(1, ge=1)
+    """Log-prob, reference and value forwards."""
+    update: int = Field(1, ge=1)
 
 
 class WorkerDeployment(WorkerSettings):
@@ -37,6 +49,9 @@ class WorkerDeployment(WorkerSettings):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry span export of this service (and its workers); off by default. The
     trainer passes its own `trainer.tracing` here when it deploys the service."""
+    stage_threads: StageThreads | None = None
+    """torch threads per stage (each call sets its stage's); None = the fixed thread
+    count above. The trainer sets it when it knows the cores its workers share."""
 
     @model_validator(mode="after")
     def _placement_has_room(self) -> WorkerDeployment:

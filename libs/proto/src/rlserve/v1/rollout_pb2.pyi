@@ -90,7 +90,7 @@ class UpdateActorRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., batch: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ..., weights_version: _Optional[int] = ...) -> None: ...
 
 class UpdateActorResponse(_message.Message):
-    __slots__ = ("metrics", "weights_version", "replayed")
+    __slots__ = ("metrics", "weights_version", "replayed", "batch")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,10 +101,12 @@ class UpdateActorResponse(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.ScalarMap[str, float]
     weights_version: int
     replayed: bool
-    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    batch: _common_pb2.Batch
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ..., replayed: _Optional[bool] = ..., batch: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class RolloutServiceGetInfoRequest(_message.Message):
     __slots__ = ()

@@ -97,6 +97,7 @@ class CriticWorker(TrainingRankWorker):
     def compute_values(self, batch: Batch, deadline: float | None = None) -> Batch:
         """values [n, R] float32 for a sequence batch, in forward micro-batches; raises
         DEADLINE_EXCEEDED between them once `deadline` (Unix seconds) has passed."""
+        self.use_threads("forward")
         self.engine.eval()
         chunks = []
         micro_batches = forward_micro_batches(
@@ -116,6 +117,7 @@ class CriticWorker(TrainingRankWorker):
         ranks = the mini-batch loss), clipped_tokens and tokens (sum over ranks gives
         the clip fraction), grad_norm and lr (equal on every rank).
         """
+        self.use_threads("update")
         self.engine.train()
         micro_batch_samples = self.optimizer_settings.micro_batch_samples
         grad_accum_steps = self.optimizer_settings.grad_accum_steps

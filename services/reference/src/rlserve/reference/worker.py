@@ -58,6 +58,7 @@ class ReferenceWorker(RankWorker):
         Raises DEADLINE_EXCEEDED between micro-batches once `deadline` (Unix seconds) has
         passed.
         """
+        self.use_threads("forward")
         response_len = batch.tensors["responses"].shape[1]
         chunks = []
         micro_batches = forward_micro_batches(

@@ -87,7 +87,6 @@ logger = logging.getLogger(__name__)
 NO_DEADLINE = Deadline()
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
-UPDATE_KEYS = (*SEQUENCE_KEYS, "old_log_probs", "advantages")
 
 
 class Workers(Protocol):
@@ -138,6 +137,7 @@ class UpdateRecord:
     weights_version: int
     metrics: dict[str, float]
     fingerprint: str
+    scores: Batch | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,9 @@ class UpdateResult:
     metrics: dict[str, float]
     weights_version: int
     replayed: bool
+    scores: Batch | None = None
+    """log_probs and entropy [N, R] of the update's own forward, in the request's row
+    order, when the request left old_log_probs out."""
 
 
 @dataclass(frozen=True)
@@ -359,7 +362,9 @@ class RolloutController:
                     "applied; the new batch was not trained on",
                     step,
                 )
-            return UpdateResult(stored.metrics, stored.weights_version, replayed=True)
+            return UpdateResult(
+                stored.metrics, stored.weights_version, replayed=True, scores=stored.scores
+            )
         self._check_version("weights_version", weights_version)
         batch = check_update_batch(
             batch,
@@ -368,20 +373,29 @@ class RolloutController:
             settings.use_kl_loss,
             settings.max_request_tokens,
         )
-        per_rank = self._plan_update(batch, step)
+        plan = self._plan_update(batch, step)
+        per_rank = self._rank_shares(batch, plan)
         temperature = scoring_temperature(batch, settings.temperature)
+        single_pass = "old_log_probs" not in batch.tensors
         start = time.perf_counter()
         try:
-            results = await self.workers.run_each("update_actor", per_rank, temperature=temperature)
+            results = await self.workers.run_each(
+                "update_actor", per_rank, temperature=temperature, return_scores=single_pass
+            )
         except BaseException as error:
             self.access.mark_broken(f"UpdateActor step {step}", error)
             raise
+        scores = None
+        if single_pass:
+            scores = _in_request_order([part for _, part in results], plan, len(batch))
+            results = [rank_metrics for rank_metrics, _ in results]
         metrics = _merge_rank_metrics(results)
         metrics["update_s"] = time.perf_counter() - start
         metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
         self.weights_version += 1
-        self.steps.record(step, UpdateRecord(step, self.weights_version, metrics, fingerprint))
-        return UpdateResult(metrics, self.weights_version, replayed=False)
+        record = UpdateRecord(step, self.weights_version, metrics, fingerprint, scores)
+        self.steps.record(step, record)
+        return UpdateResult(metrics, self.weights_version, replayed=False, scores=scores)
 
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
         """Writes <root>/<path>/model and .../deepspeed; returns (weights_version, last step).
@@ -487,8 +501,9 @@ class RolloutController:
                 f"{field}: {version} is unknown; the service's weights version is {current}"
             )
 
-    def _plan_update(self, batch: Batch, step: int) -> list[Batch]:
-        """Each rank's rows in training order: its share of every mini-batch, epoch by epoch."""
+    def _plan_update(self, batch: Batch, step: int) -> list[torch.Tensor]:
+        """Each rank's row indices in training order: its share of every mini-batch,
+        epoch by epoch."""
         settings, workers = self.settings, len(self.workers)
         rows, mini = len(batch), settings.ppo_mini_batch_samples
         if rows % workers:
@@ -501,12 +516,26 @@ class RolloutController:
                 f"{rows} rows must be a multiple of ppo_mini_batch_samples {mini} "
                 f"(split over {workers} workers)",
             )
-        keys = list(UPDATE_KEYS) + (["ref_log_probs"] if settings.use_kl_loss else [])
+        if "old_log_probs" not in batch.tensors and (settings.ppo_epochs > 1 or rows > mini):
+            raise invalid_argument(
+                "batch.tensors['old_log_probs']",
+                f"may be left out only when the update is one optimizer step (ppo_epochs 1, "
+                f"rows = ppo_mini_batch_samples {mini}), as then the update's own forward "
+                f"is the behaviour policy; this update has {settings.ppo_epochs} epoch(s) "
+                f"over {rows} rows: send ComputeLogProb's log_probs",
+            )
+        return update_row_plan(rows, mini, workers, settings.ppo_epochs, settings.seed + step)
+
+    def _rank_shares(self, batch: Batch, plan: list[torch.Tensor]) -> list[Batch]:
+        """Each rank's rows of the update, in its planned order."""
+        settings = self.settings
+        keys = [*SEQUENCE_KEYS, "advantages"]
+        keys += [key for key in ("old_log_probs",) if key in batch.tensors]
+        keys += ["ref_log_probs"] if settings.use_kl_loss else []
         work = batch.select(tensor_keys=keys, non_tensor_keys=[], meta_keys=[])
-        plan = update_row_plan(rows, mini, workers, settings.ppo_epochs, settings.seed + step)
         shares = [work.index(rank_rows) for rank_rows in plan]
         if settings.loss_normalizer == "mini_batch":
-            shares = with_mini_batch_counts(shares, mini // workers)
+            shares = with_mini_batch_counts(shares, settings.ppo_mini_batch_samples // len(plan))
         return shares
 
     def _client_state(self) -> dict[str, Any]:
@@ -603,6 +632,19 @@ def batch_fingerprint(batch: Batch) -> str:
     for key in sorted(batch.non_tensors):
         digest.update(f"{key}|{batch.non_tensors[key]!r}|".encode())
     return digest.hexdigest()
+
+
+def _in_request_order(parts: list[Batch], plan: list[torch.Tensor], rows: int) -> Batch:
+    """One batch of the ranks' per-row results, row i where the request had it (each
+    rank's part is in its `plan` order; one epoch, so every row appears once)."""
+    tensors = {}
+    for key in parts[0].tensors:
+        first = parts[0][key]
+        merged = first.new_zeros((rows, *first.shape[1:]))
+        for part, rank_rows in zip(parts, plan, strict=True):
+            merged[rank_rows] = part[key]
+        tensors[key] = merged
+    return Batch(tensors=tensors)
 
 
 def _merge_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:

@@ -120,6 +120,7 @@ class RolloutDeployment(BatchCalls):
             metrics=metrics_to_proto(result.metrics),
             weights_version=result.weights_version,
             replayed=result.replayed,
+            batch=None if result.scores is None else response_batch(result.scores, grpc_context),
         )
 
     @rpc_method(rollout_pb2.RolloutServiceGetInfoResponse)

@@ -144,7 +144,8 @@ def check_update_batch(
     max_request_tokens: int | None = None,
     field: str = "batch",
 ) -> Batch:
-    """Sequences plus old_log_probs, advantages (and ref_log_probs), as float32."""
+    """Sequences plus advantages, old_log_probs when sent (the controller decides
+    whether it may be left out) and ref_log_probs when needed, as float32."""
     batch = check_sequences(batch, vocab_size, max_batch_samples, max_request_tokens, field)
     responses, response_mask = batch["responses"], batch["response_mask"]
     if not bool(response_mask.any(dim=1).all()):
@@ -153,7 +154,9 @@ def check_update_batch(
             f"{field}.tensors['response_mask']",
             f"row {row} has no response token; every trained row needs at least one",
         )
-    keys = ["old_log_probs", "advantages"] + (["ref_log_probs"] if need_ref_log_probs else [])
+    keys = ["advantages"] + (["ref_log_probs"] if need_ref_log_probs else [])
+    if "old_log_probs" in batch.tensors:
+        keys.append("old_log_probs")
     floats = {}
     for key in keys:
         values = require_tensor(batch, key, FLOAT_DTYPES, 2, field)

@@ -52,6 +52,7 @@ from rlserve.core.ppo_math import (
 from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
+    ResponseScores,
     forward_micro_batches,
     score_responses,
 )
@@ -268,6 +269,7 @@ class ActorWorker(TrainingRankWorker):
         DEADLINE_EXCEEDED once `deadline` (Unix seconds) passes, between tokens.
         """
         Deadline(deadline).check("GenerateSequences")
+        self.use_threads("generate")
         if sampling.seed is not None and self.rank:
             # Ranks hold different prompts; distinct seeds keep their noise independent.
             sampling = dataclasses.replace(sampling, seed=sampling.seed + self.rank)
@@ -364,6 +366,7 @@ class ActorWorker(TrainingRankWorker):
         return_sum_pi_squared: bool = False,
     ) -> Batch:
         """Log-probs in micro-batches; `rpc` names the call (its span and its deadline)."""
+        self.use_threads("forward")
         log_probs, entropies, squares = [], [], []
         micro_batches = forward_micro_batches(
             batch, self.forward_micro_batch_samples, self.forward_max_tokens
@@ -396,7 +399,9 @@ class ActorWorker(TrainingRankWorker):
 
     # ---- training -------------------------------------------------------------------
 
-    def update_actor(self, batch: Batch, temperature: float = 1.0) -> dict[str, float]:
+    def update_actor(
+        self, batch: Batch, temperature: float = 1.0, return_scores: bool = False
+    ) -> dict[str, float] | tuple[dict[str, float], Batch]:
         """PPO over this rank's rows, already in training order.
 
         Rows come as consecutive mini-batch shares (micro_batch_samples ×
@@ -404,7 +409,13 @@ class ActorWorker(TrainingRankWorker):
         every rank. Returns means over micro-batches (losses, clip fraction, KL, entropy)
         and over optimizer steps (grad_norm before clipping, lr), and the response tokens
         this rank trained on (each epoch counts).
+
+        Rows without old_log_probs (one mini-batch, one epoch: the controller checks)
+        take the update's own forward, detached, as the behaviour policy: before the one
+        optimizer step it is the policy that generated them. `return_scores` also returns
+        that forward's log_probs and entropy [rows, R], in this rank's row order.
         """
+        self.use_threads("update")
         settings = self.optimizer_settings
         share = settings.micro_batch_samples * settings.grad_accum_steps
         if len(batch) % share:
@@ -418,12 +429,17 @@ class ActorWorker(TrainingRankWorker):
         sums: dict[str, float] = {}
         step_sums = {"grad_norm": 0.0, "lr": 0.0}
         micro_count = step_count = 0
+        scored: list[tuple[torch.Tensor, torch.Tensor]] = []
         for index, mini in enumerate(batch.chunk(share)):
             norm = 0.0
             with tracing.span("actor.mini_batch", index=index, batch_size=len(mini)):
                 for micro in mini.chunk(settings.micro_batch_samples):
                     with tracing.span("actor.forward", batch_size=len(micro)):
-                        loss, metrics = self._micro_batch_loss(micro.to(self.device), temperature)
+                        loss, metrics, scores = self._micro_batch_loss(
+                            micro.to(self.device), temperature
+                        )
+                    if return_scores:
+                        scored.append((scores.log_probs.detach().cpu(), scores.entropy.cpu()))
                     with tracing.span("actor.backward"):
                         self.engine.backward(loss)
                     if norm_from_grads and self.engine.is_gradient_accumulation_boundary():
@@ -440,11 +456,14 @@ class ActorWorker(TrainingRankWorker):
         result.update({key: value / step_count for key, value in step_sums.items()})
         result["tokens"] = float(batch["response_mask"].sum())
         self._sync_generation_weights()
-        return result
+        if not return_scores:
+            return result
+        log_probs, entropy = (torch.cat(parts) for parts in zip(*scored, strict=True))
+        return result, Batch(tensors={"log_probs": log_probs, "entropy": entropy})
 
     def _micro_batch_loss(
         self, micro: Batch, temperature: float
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], ResponseScores]:
         loss_settings = self.loss
         mask = micro["response_mask"]
         scores = score_responses(
@@ -456,10 +475,12 @@ class ActorWorker(TrainingRankWorker):
             temperature,
             chunk_tokens=self.logits_chunk_tokens,
             with_entropy=True,
+            entropy_grad=loss_settings.entropy_coef > 0,
         )
         log_prob = scores.log_probs
+        old_log_prob = micro.tensors.get("old_log_probs")
         loss, metrics = get_policy_loss(loss_settings.policy_loss)(
-            micro["old_log_probs"],
+            log_prob.detach() if old_log_prob is None else old_log_prob,
             log_prob,
             micro["advantages"],
             mask,
@@ -500,7 +521,7 @@ class ActorWorker(TrainingRankWorker):
                 ranks=self.world_size,
                 accumulation_steps=self.optimizer_settings.grad_accum_steps,
             ).to(loss.device)
-        return loss, metrics
+        return loss, metrics, scores
 
     # ---- weights and checkpoints --------------------------------------------------------
 

@@ -64,6 +64,19 @@ def advantage_settings(config: RunConfig) -> AdvantageSettings:
     )
 
 
+def reference_drift(
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    settings: AdvantageSettings,
+) -> dict[str, torch.Tensor]:
+    """kl_mean and kl_token_mean of the policy from the reference (algorithm.kl_penalty's
+    estimator): the drift a KL loss controls.
+
+    Shape: log_probs, ref_log_probs, mask (B, R)"""
+    return kl_metrics(kl_penalty(log_probs, ref_log_probs, settings.kl_kind), mask.float())
+
+
 def compute_advantages(
     batch: Batch,
     settings: AdvantageSettings,
@@ -72,7 +85,9 @@ def compute_advantages(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Returns ({"advantages", "returns"} (B, R) float32, metrics of 0-dim tensors).
 
-    Needs tensors response_mask, scores, old_log_probs; ref_log_probs when
+    Needs tensors response_mask, scores, old_log_probs (unless the update computes
+    them: RunConfig.single_pass_update; the KL drift metrics then come from
+    `reference_drift` after it); ref_log_probs when
     settings.kl_in_reward; values for "gae"; non-tensor uid for group estimators;
     baseline_scores (B,) for "remax"; reward_components (B, K) and `component_weights`
     (K,) for "gdpo"; sum_pi_squared (and rollout_is_weights when rollout correction is
@@ -86,10 +101,11 @@ def compute_advantages(
     else:
         token_kl, coef = torch.zeros_like(mask), 0.0
     token_rewards, metrics = token_rewards_with_kl_penalty(scores, token_kl, mask, coef)
-    if "ref_log_probs" in batch.tensors and not settings.kl_in_reward:
+    if {"ref_log_probs", "old_log_probs"} <= set(batch.tensors) and not settings.kl_in_reward:
         # Still report the drift from the reference, which a KL loss controls.
-        drift = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_kind)
-        metrics.update(kl_metrics(drift, mask))
+        metrics.update(
+            reference_drift(batch["old_log_probs"], batch["ref_log_probs"], mask, settings)
+        )
 
     estimator = settings.estimator
     needs = estimator_needs(estimator)

@@ -6,6 +6,7 @@ equally be deployed by `serve deploy`, by KubeRay, or by this code. Every servic
 the run's `trainer.tracing` as its `tracing` arg, so one setting traces the whole stack.
 """
 
+import os
 import time
 from typing import Any
 
@@ -62,7 +63,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         "rollout": {
             **settings_of(config.actor, ActorSettings),
             **deployed,
-            "engine": config.rollout.engine,
+            "engine": config.generation_engine,
             "seed": config.trainer.seed,
             "ppo_mini_batch_samples": config.actor.ppo_mini_batch_prompts * n,
             # The service's own cap must admit the run's responses.
@@ -76,7 +77,7 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         },
         "reward": reward_args(config),
     }
-    if config.needs_reference and config.placement.reference_in_rollout:
+    if config.needs_reference and config.reference_merged:
         apps["rollout"]["serve_reference"] = True
     elif config.needs_reference:
         apps["reference"] = {
@@ -100,8 +101,46 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         apps[role]["num_cpus_per_worker"] = max(1.0, cpus)
         if role == "rollout":
             apps[role]["torch_threads_per_worker"] = max(1, int(cpus))
+    node_cpus = config.placement.node_cpus
+    if node_cpus is None and config.trainer.ray_address is None and not config.placement.roles:
+        node_cpus = len(os.sched_getaffinity(0))  # the local cluster's node is this machine
+    if config.placement.stage_threads and node_cpus is not None:
+        for role, threads in stage_thread_plan(config, apps, node_cpus).items():
+            apps[role]["stage_threads"] = threads
     tracing = config.trainer.tracing.model_dump()
     return {role: {**args, "tracing": tracing} for role, args in apps.items()}
+
+
+def stage_thread_plan(
+    config: RunConfig, apps: dict[str, dict[str, Any]], node_cpus: int
+) -> dict[str, dict[str, int]]:
+    """torch threads per stage of each worker role (StageThreads' fields), when its
+    workers share one node of `node_cpus` cores: in each stage, the cores split evenly
+    among the worker processes busy in it at once.
+
+    Generation keeps the rollout workers busy (with rollout.mode one_step_off, the
+    reference and critic forwards and the critic update overlap it); the forwards are
+    the rollout's log-prob pass (none with a single-pass update), the reference's (in
+    the rollout's processes, one after the other, when merged) and the critic's values;
+    the updates are the actor's and the critic's, concurrently.
+    """
+    workers = {
+        role: int(apps[role].get("workers", 1))
+        for role in ("rollout", "critic", "reference")
+        if role in apps
+    }
+    rollout, critic = workers["rollout"], workers.get("critic", 0)
+    reference = workers.get("reference", 0)
+    merged_reference = config.needs_reference and config.reference_merged
+    rollout_forwards = not config.single_pass_update or merged_reference
+    overlapping = reference + critic if config.rollout.mode == "one_step_off" else 0
+    busy = {
+        "generate": rollout + overlapping,
+        "forward": rollout * rollout_forwards + reference + critic,
+        "update": rollout + critic,
+    }
+    threads = {stage: max(1, node_cpus // max(1, count)) for stage, count in busy.items()}
+    return dict.fromkeys(workers, threads)
 
 
 def worker_placements(
@@ -148,7 +187,7 @@ def reference_application(config: RunConfig) -> str | None:
     """The Serve app that answers ReferenceService calls in this run, if any."""
     if not config.needs_reference:
         return None
-    return "rollout" if config.placement.reference_in_rollout else "reference"
+    return "rollout" if config.reference_merged else "reference"
 
 
 def critic_model_path(config: RunConfig, model_dir: str) -> str:

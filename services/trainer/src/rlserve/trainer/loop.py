@@ -55,7 +55,11 @@ from rlserve.core.ppo_math import (
 )
 from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
 from rlserve.core.run_config import RunConfig
-from rlserve.trainer.advantages import advantage_settings, compute_advantages
+from rlserve.trainer.advantages import (
+    advantage_settings,
+    compute_advantages,
+    reference_drift,
+)
 from rlserve.trainer.checkpoint import (
     checkpoint_dir,
     restore_rng,
@@ -479,6 +483,8 @@ class PPOTrainer:
 
         sequences = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[])
         needs = estimator_needs(config.algorithm.adv_estimator)
+        # One on-policy optimizer step: the update's own forward gives the old log-probs.
+        single_pass = config.single_pass_update and len(batch) == config.actor_mini_batch_samples
         log_prob_request = rollout_pb2.ComputeLogProbRequest(
             return_entropy=True,
             expected_weights_version=self.state.weights_version,
@@ -492,7 +498,7 @@ class PPOTrainer:
             self._ask_for_next_generation(step)  # one_step_off, see the module docstring
             return log_probs
 
-        forwards: dict[str, Awaitable[Any]] = {"log_prob": log_prob()}
+        forwards: dict[str, Awaitable[Any]] = {} if single_pass else {"log_prob": log_prob()}
         if "scores" not in batch.tensors:
             forwards["reward"] = self._rewards(batch)
         if "baseline_scores" in needs:
@@ -519,10 +525,12 @@ class PPOTrainer:
         )
         timings["time/forward_wall_s"] = time.perf_counter() - forward_started
 
-        log_probs = results["log_prob"]
-        extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
-        if "sum_pi_squared" in log_probs.tensors:
-            extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
+        extra = {}
+        if "log_prob" in results:
+            log_probs = results["log_prob"]
+            extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
+            if "sum_pi_squared" in log_probs.tensors:
+                extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
         if "reward" in results:
             extra.update(results["reward"])
         if "greedy_baseline" in results:
@@ -550,7 +558,7 @@ class PPOTrainer:
             tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors, meta=batch.meta
         )
 
-        actor_keys = [*SEQUENCE_KEYS, "old_log_probs", "advantages"]
+        actor_keys = [*SEQUENCE_KEYS, "advantages"] + ([] if single_pass else ["old_log_probs"])
         if config.actor.use_kl_loss:
             actor_keys.append("ref_log_probs")
         actor_batch = batch.select(tensor_keys=actor_keys, non_tensor_keys=[])
@@ -574,8 +582,7 @@ class PPOTrainer:
             # the next step's generation expects the weights this update replaces
             timings["time/update_actor_waits_generation_s"] = await self._next_generation_done()
             update = self.clients.rollout.call_with_batch("UpdateActor", actor_request, actor_batch)
-            response, _ = await _timed("update_actor", timings, update)
-            return response
+            return await _timed("update_actor", timings, update)
 
         updates: dict[str, Awaitable[Any]] = {"update_actor": update_actor()}
         if self.clients.critic is not None:
@@ -588,10 +595,30 @@ class PPOTrainer:
         update_started = time.perf_counter()
         update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
         timings["time/update_wall_s"] = time.perf_counter() - update_started
-        actor_update = update_results["update_actor"]
+        actor_update, update_scores = update_results["update_actor"]
         self.state.weights_version = actor_update.weights_version
 
         mask = batch["response_mask"].float()
+        if single_pass:
+            if update_scores is None:
+                raise RuntimeError(
+                    "UpdateActor answered no log-probs for a batch without old_log_probs; "
+                    "the rollout service predates single-pass updates: redeploy it"
+                )
+            batch = Batch(
+                {**batch.tensors, "entropy": update_scores["entropy"]},
+                batch.non_tensors,
+                batch.meta,
+            )
+            if "ref_log_probs" in batch.tensors:
+                adv_metrics.update(
+                    reference_drift(
+                        update_scores["log_probs"],
+                        batch["ref_log_probs"],
+                        mask,
+                        self.advantage_settings,
+                    )
+                )
         # The mean over sequences of each one's mean token KL (VeRL's choice): every
         # response counts once, however long.
         kl_mean = float(adv_metrics["kl_mean"])
