@@ -14,7 +14,13 @@ import pytest
 
 from rlserve.core.config import validate_config
 from rlserve.core.reward_settings import RewardSettings
-from rlserve.core.run_config import ActorSettings, CriticSettings, ReferenceConfig, RunConfig
+from rlserve.core.run_config import (
+    LARGE_MODEL_WEIGHT_BYTES,
+    ActorSettings,
+    CriticSettings,
+    ReferenceConfig,
+    RunConfig,
+)
 from rlserve.core.service_config import TrainingDeployment, WorkerDeployment
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import worker_kwargs as critic_worker_kwargs
@@ -240,8 +246,10 @@ def test_vllm_settings_reach_the_worker_whole():
     assert actor_worker_kwargs(rollout)["vllm"] == vllm
 
 
-def test_stage_threads_reach_every_worker_service_where_the_cores_are_known():
+def test_stage_threads_reach_every_worker_service_where_the_cores_are_known(tmp_path):
+    with (tmp_path / "model.safetensors").open("wb") as weights:
+        weights.truncate(LARGE_MODEL_WEIGHT_BYTES)  # sparse: a large model's size, no disk
     config = _config(placement={**EVERY_ROLE_PLACED, "node_cpus": 6})
-    apps = service_args(config, "/models/policy")
+    apps = service_args(config, str(tmp_path))
     for role in ("rollout", "critic", "reference"):
         assert set(apps[role]["stage_threads"]) == {"generate", "forward", "update"}, role

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rlserve.core.config import ConfigError, validate_config
-from rlserve.core.run_config import RunConfig
+from rlserve.core.run_config import LARGE_MODEL_WEIGHT_BYTES, RunConfig
 from rlserve.trainer.deploy import service_args
 from rlserve.trainer.service_ops import scaled_app
 
@@ -203,13 +203,22 @@ def test_settings_differences_never_print_a_secret():
     assert "s3cret" not in line and "old" not in line
 
 
-def _threads(settings: dict, node_cpus: int = 8) -> dict[str, dict[str, int]]:
+@pytest.fixture(scope="module")
+def large_model(tmp_path_factory) -> str:
+    """A model directory whose weights count as large (a sparse file: no disk used)."""
+    directory = tmp_path_factory.mktemp("large_model")
+    with (directory / "model.safetensors").open("wb") as weights:
+        weights.truncate(LARGE_MODEL_WEIGHT_BYTES)
+    return str(directory)
+
+
+def _threads(settings: dict, model_dir: str, node_cpus: int = 8) -> dict[str, dict[str, int]]:
     config = validate_config(
         RunConfig, {**settings, "placement": {"node_cpus": node_cpus}, "trainer": {
             "ray_address": "ray://elsewhere:10001", "serve_grpc_port": 9000,
             **settings.get("trainer", {})}}
     )  # fmt: skip
-    apps = service_args(config, "/m")
+    apps = service_args(config, model_dir)
     return {role: args["stage_threads"] for role, args in apps.items() if "stage_threads" in args}
 
 
@@ -227,34 +236,37 @@ GRPO_LORA = {
 }
 
 
-def test_a_single_pass_lora_actor_gets_every_core_in_every_stage():
+def test_a_single_pass_lora_actor_gets_every_core_in_every_stage(large_model):
     # the reference is the actor's own base (merged by default), no log-prob pass
-    assert _threads(GRPO_LORA) == {"rollout": {"generate": 8, "forward": 8, "update": 8}}
+    every_core = {"generate": 8, "forward": 8, "update": 8}
+    assert _threads(GRPO_LORA, large_model) == {"rollout": every_core}
+    # a small model keeps one thread per worker: threads cost more than they save there
+    assert _threads(GRPO_LORA, "/no/such/model") == {}
 
 
-def test_concurrent_stages_share_the_node_cores():
+def test_concurrent_stages_share_the_node_cores(large_model):
     ppo = {
         "algorithm": {"adv_estimator": "gae"},
         "actor": {"workers": 2, "micro_batch_samples": 16},
     }
-    threads = _threads(ppo)
+    threads = _threads(ppo, large_model)
     # generate: 2 rollout workers; forward: log-prob, reference and values (2 + 1 + 1);
     # update: actor and critic (2 + 1)
     assert threads["rollout"] == {"generate": 4, "forward": 2, "update": 2}
     assert threads["critic"] == threads["reference"] == threads["rollout"]
     # a single-pass full-weight GRPO run: the separate reference forwards alone
     full = {**GRPO_LORA, "actor": {**GRPO_LORA["actor"], "lora_rank": 0}}
-    assert _threads(full)["reference"] == {"generate": 8, "forward": 8, "update": 8}
+    assert _threads(full, large_model)["reference"] == {"generate": 8, "forward": 8, "update": 8}
 
 
-def test_stage_threads_need_known_cores_and_can_be_turned_off():
+def test_stage_threads_need_known_cores_and_can_be_turned_off(large_model):
     joined = validate_config(
         RunConfig, {"trainer": {"ray_address": "ray://elsewhere:10001", "serve_grpc_port": 9000}}
     )
-    assert not any("stage_threads" in args for args in service_args(joined, "/m").values())
+    assert not any("stage_threads" in a for a in service_args(joined, large_model).values())
     off = validate_config(RunConfig, {"placement": {"stage_threads": False}})
-    assert not any("stage_threads" in args for args in service_args(off, "/m").values())
-    local = service_args(validate_config(RunConfig, {}), "/m")
+    assert not any("stage_threads" in a for a in service_args(off, large_model).values())
+    local = service_args(validate_config(RunConfig, {}), large_model)
     assert local["rollout"]["stage_threads"]["generate"] == len(os.sched_getaffinity(0))
 
 
@@ -287,3 +299,17 @@ def test_a_lora_actor_serves_its_own_reference_unless_told_otherwise():
         RunConfig, {**GRPO_LORA, "actor": {**GRPO_LORA["actor"], "lora_rank": 0}}
     )
     assert not full.reference_merged
+
+
+def test_auto_engine_generates_a_large_model_with_vllm_where_installed(large_model):
+    import importlib.util
+
+    small = validate_config(RunConfig, {})
+    assert service_args(small, "/m")["rollout"]["engine"] == "hf"
+    large = validate_config(RunConfig, {"model": {"path": large_model}})
+    expected = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    assert service_args(large, large_model)["rollout"]["engine"] == expected
+    chosen = validate_config(
+        RunConfig, {"model": {"path": large_model}, "rollout": {"engine": "hf"}}
+    )
+    assert service_args(chosen, large_model)["rollout"]["engine"] == "hf"

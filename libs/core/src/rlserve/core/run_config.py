@@ -168,8 +168,19 @@ class TinyModelConfig(ConfigModel):
         return self
 
 
-VLLM_MIN_WEIGHT_BYTES = 100 * 2**20
-"""Weights from which rollout.engine 'auto' generates with vLLM (≈ 25 M fp32 parameters)."""
+LARGE_MODEL_WEIGHT_BYTES = 100 * 2**20
+"""Safetensors from which a model counts as large (≈ 25 M fp32 parameters): rollout.engine
+'auto' generates with vLLM, and placement.stage_threads gives its stages every core.
+Below it, fixed costs per call outweigh the kernels: on the tiny PPO workload
+(benchmarks/bench_vs_single_process.py) per-stage threads ran 210 episodes/s against
+259 with one thread per worker, and vLLM's step overhead exceeds hf's generate."""
+
+
+def model_weight_bytes(path: str | Path | None) -> int:
+    """Bytes of the *.safetensors in a model directory (0 for none, or no such path)."""
+    if path is None:
+        return 0
+    return sum(file.stat().st_size for file in Path(path).glob("*.safetensors"))
 
 
 class ModelConfig(ConfigModel):
@@ -264,7 +275,7 @@ class RolloutConfig(ConfigModel):
 
     engine: Literal["auto", "hf", "vllm"] = "auto"
     """Generation engine: transformers 'generate' or vLLM. 'auto': vLLM when it is
-    installed and model.path holds at least VLLM_MIN_WEIGHT_BYTES of safetensors, else hf
+    installed and model.path holds LARGE_MODEL_WEIGHT_BYTES of safetensors, else hf
     (on SmolLM2-135M and 2 CPU cores vLLM generated 32 × 48 tokens in 3.9 s, hf in
     11-13 s; on a tiny model vLLM's fixed cost per call outweighs its kernels)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
@@ -705,9 +716,9 @@ class PlacementConfig(ConfigModel):
     stage_threads: bool = True
     """Give each stage of a step (generation, forwards, updates) the node's cores, shared
     among the workers busy in that stage at once, as torch threads set per call; off =
-    each worker keeps as many threads as its bundle has CPUs. Applies where the trainer
-    knows the cores its workers share: a local cluster it starts (no roles placed), or
-    node_cpus."""
+    each worker keeps as many threads as its bundle has CPUs. Applies to large models
+    (LARGE_MODEL_WEIGHT_BYTES) where the trainer knows the cores its workers share: a
+    local cluster it starts (no roles placed), or node_cpus."""
     node_cpus: int | None = Field(None, ge=1)
     """Cores of the one node the run's workers share, for stage_threads on a cluster the
     trainer joins; None = this machine's cores when the trainer starts its own cluster,
@@ -906,11 +917,10 @@ class RunConfig(ConfigModel):
         """The rollout engine the run deploys: rollout.engine, with 'auto' resolved."""
         if self.rollout.engine != "auto":
             return self.rollout.engine
-        path = self.model.path
-        if path is None or importlib.util.find_spec("vllm") is None:
+        if importlib.util.find_spec("vllm") is None:
             return "hf"
-        weights = sum(file.stat().st_size for file in Path(path).glob("*.safetensors"))
-        return "vllm" if weights >= VLLM_MIN_WEIGHT_BYTES else "hf"
+        large = model_weight_bytes(self.model.path) >= LARGE_MODEL_WEIGHT_BYTES
+        return "vllm" if large else "hf"
 
     @property
     def reference_merged(self) -> bool:

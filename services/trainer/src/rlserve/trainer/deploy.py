@@ -24,7 +24,14 @@ from rlserve.core.placement import (
     serve_replicas,
 )
 from rlserve.core.reward_settings import RewardSettings
-from rlserve.core.run_config import ActorSettings, CriticSettings, ReferenceConfig, RunConfig
+from rlserve.core.run_config import (
+    LARGE_MODEL_WEIGHT_BYTES,
+    ActorSettings,
+    CriticSettings,
+    ReferenceConfig,
+    RunConfig,
+    model_weight_bytes,
+)
 from rlserve.trainer.checkpoint import services_checkpoint_root
 
 
@@ -104,7 +111,8 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
     node_cpus = config.placement.node_cpus
     if node_cpus is None and config.trainer.ray_address is None and not config.placement.roles:
         node_cpus = len(os.sched_getaffinity(0))  # the local cluster's node is this machine
-    if config.placement.stage_threads and node_cpus is not None:
+    large = model_weight_bytes(model_dir) >= LARGE_MODEL_WEIGHT_BYTES
+    if config.placement.stage_threads and node_cpus is not None and large:
         for role, threads in stage_thread_plan(config, apps, node_cpus).items():
             apps[role]["stage_threads"] = threads
     tracing = config.trainer.tracing.model_dump()
