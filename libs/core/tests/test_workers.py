@@ -11,6 +11,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.workers import (
+    KEEP_FREED_PAGES,
     WorkerGroup,
     _host_class,
     distributed_address,
@@ -164,6 +165,15 @@ def test_worker_processes_run_with_jemalloc_and_the_job_environment(group):
     assert [fact["jemalloc"] for fact in facts] == [True] * 3
     # the actor's runtime_env adds to the job's environment, it does not replace it
     assert {fact["auth_mode"] for fact in facts} == {"disabled"}
+
+
+def test_only_workers_asked_to_keep_freed_pages_turn_purging_off(monkeypatch):
+    monkeypatch.delenv("MALLOC_CONF", raising=False)
+    assert "MALLOC_CONF" not in worker_env_vars()
+    assert worker_env_vars(keep_freed_pages=True)["MALLOC_CONF"] == KEEP_FREED_PAGES
+    # the job's own jemalloc options win (the runtime_env adds to the job's environment)
+    monkeypatch.setenv("MALLOC_CONF", "narenas:1")
+    assert "MALLOC_CONF" not in worker_env_vars(keep_freed_pages=True)
 
 
 def test_system_allocator_on_request(monkeypatch):

@@ -270,6 +270,14 @@ def test_stage_threads_need_known_cores_and_can_be_turned_off(large_model):
     assert local["rollout"]["stage_threads"]["generate"] == len(os.sched_getaffinity(0))
 
 
+def test_workers_of_a_large_model_keep_freed_pages(large_model):
+    ppo = validate_config(RunConfig, {"algorithm": {"adv_estimator": "gae"}})
+    for model_dir, keep in ((large_model, True), ("/no/such/model", False)):
+        apps = service_args(ppo, model_dir)
+        assert {role: args.get("keep_freed_pages") for role, args in apps.items()} == {
+            "rollout": keep, "critic": keep, "reference": keep, "reward": None}  # fmt: skip
+
+
 def test_single_pass_update_only_where_the_update_is_one_on_policy_step():
     def single_pass(**sections) -> bool:
         merged = {key: {**GRPO_LORA.get(key, {}), **sections.get(key, {})} for key in

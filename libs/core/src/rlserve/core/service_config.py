@@ -52,6 +52,10 @@ class WorkerDeployment(WorkerSettings):
     stage_threads: StageThreads | None = None
     """torch threads per stage (each call sets its stage's); None = the fixed thread
     count above. The trainer sets it when it knows the cores its workers share."""
+    keep_freed_pages: bool = False
+    """Worker allocators keep freed pages for reuse instead of returning them to the
+    kernel (faster updates of large models at their peak resident memory; see
+    rlserve.core.workers). The trainer sets it for models of >= 100 MiB of weights."""
 
     @model_validator(mode="after")
     def _placement_has_room(self) -> WorkerDeployment:

@@ -39,9 +39,12 @@ purging hands freed pages back to the kernel within seconds, and an update that 
 and re-allocates its activations every micro-batch then page-faults them in again: a
 LoRA update of 32 × ~96 tokens on 2 threads took 17-19 s that way, 12.8-13.3 s with
 purging off (MALLOC_CONF dirty_decay_ms:-1,muzzy_decay_ms:-1; 14-15 s with glibc), at
-3.17 GiB peak resident instead of 2.98 (4.6 with glibc). So workers keep their freed
-pages for reuse (a worker's resident memory stays at its peak) unless MALLOC_CONF is
-set in the environment.
+3.17 GiB peak resident instead of 2.98 (4.6 with glibc). So workers of a large model
+(WorkerDeployment.keep_freed_pages, which the trainer sets from the model's size) keep
+their freed pages for reuse, unless MALLOC_CONF is set in the environment. Small models
+keep jemalloc's purging: a tiny-model critic that never purged grew 38 MiB over 150
+PPO steps (the sizes its variable-length batches ask for fragment the kept pages),
+against a few MiB with purging.
 """
 
 import asyncio
@@ -117,8 +120,9 @@ KEEP_FREED_PAGES = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 """jemalloc options of the workers: freed pages stay for reuse (see the module doc)."""
 
 
-def worker_env_vars() -> dict[str, str]:
-    """Environment for worker processes: jemalloc preloaded (see the module doc)."""
+def worker_env_vars(keep_freed_pages: bool = False) -> dict[str, str]:
+    """Environment for worker processes: jemalloc preloaded, and told to keep freed pages
+    when `keep_freed_pages` (see the module doc)."""
     allocator = os.environ.get(ALLOCATOR_ENV, "jemalloc")
     if allocator == "system":
         return {}
@@ -129,7 +133,10 @@ def worker_env_vars() -> dict[str, str]:
         logger.warning("no %s; worker processes use the system allocator", library)
         return {}
     preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD", "")]))
-    return {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", KEEP_FREED_PAGES)}
+    env = {"LD_PRELOAD": preload}
+    if keep_freed_pages and "MALLOC_CONF" not in os.environ:
+        env["MALLOC_CONF"] = KEEP_FREED_PAGES
+    return env
 
 
 WorkerFactory = type | Callable[..., Any] | str
@@ -248,6 +255,7 @@ class WorkerGroup:
         name_prefix: str | None = None,
         schedule_timeout_s: float = 120.0,
         device: str = "cpu",
+        keep_freed_pages: bool = False,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers: must be >= 1, got {num_workers}")
@@ -258,7 +266,7 @@ class WorkerGroup:
         gpus = worker_gpus(device)
         host_cls = _host_class(factory)
         remote_cls = ray.remote(host_cls)
-        runtime_env = {"env_vars": worker_env_vars()}
+        runtime_env = {"env_vars": worker_env_vars(keep_freed_pages)}
         self.workers = []
         self._pings: list[Any] = []
         self._died: dict[int, str] = {}  # rank -> why, as calls found it
@@ -299,6 +307,7 @@ class WorkerGroup:
             num_cpus_per_worker=config.num_cpus_per_worker,
             placement=config.placement,
             device=config.device,
+            keep_freed_pages=config.keep_freed_pages,
         )
 
     def _start(self, schedule_timeout_s: float, kind: str, num_cpus_per_worker: float) -> None:

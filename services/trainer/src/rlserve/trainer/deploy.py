@@ -45,6 +45,8 @@ IMPORT_PATHS = {
     "reference": "rlserve.reference.app:build_app",
     "reward": "rlserve.reward.app:build_app",
 }
+# The services that run worker groups (the reward runs in its replicas).
+WORKER_ROLES = frozenset({"rollout", "critic", "reference"})
 # Fields a run sets that must not be printed (the run's args carry them in plain data).
 SECRET_FIELDS = secret_field_names(RunConfig)
 
@@ -112,6 +114,8 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
     if node_cpus is None and config.trainer.ray_address is None and not config.placement.roles:
         node_cpus = len(os.sched_getaffinity(0))  # the local cluster's node is this machine
     large = model_weight_bytes(model_dir) >= LARGE_MODEL_WEIGHT_BYTES
+    for role in WORKER_ROLES.intersection(apps):
+        apps[role]["keep_freed_pages"] = large
     if config.placement.stage_threads and node_cpus is not None and large:
         for role, threads in stage_thread_plan(config, apps, node_cpus).items():
             apps[role]["stage_threads"] = threads
