@@ -25,6 +25,7 @@ the processes themselves, reported beside it. Responses are exactly `--new-token
     .venv/bin/python benchmarks/bench_real_model.py --algorithms ppo --prompts 16   # 16 × 4
     .venv/bin/python benchmarks/bench_real_model.py --device cuda        # on a GPU machine
     .venv/bin/python benchmarks/bench_real_model.py --no-gradient-checkpointing
+    .venv/bin/python benchmarks/bench_real_model.py --set placement.stage_threads=false
 
 Actor and critic recompute activations in backward (gradient checkpointing) unless
 --no-gradient-checkpointing; the in-process reference does the same.
@@ -252,7 +253,7 @@ def run_case(case: Case, args, model_dir: Path, data: Path, work: Path) -> dict:
         placement = work / f"one_gpu_{case.algorithm}.yaml"
         placement.write_text(ONE_GPU_PLACEMENT[case.algorithm])
         command[4:4] = ["--config", str(placement)]
-    command += overrides(case, args, model_dir, data)
+    command += overrides(case, args, model_dir, data) + args.extra_overrides
     print(f"[{case.name}] rlserve train ... ({args.steps} steps)", flush=True)
     started = time.perf_counter()
     memory = MemorySampler()
@@ -405,6 +406,15 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="actor and critic recompute activations in backward (default on)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="extra_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more run-config override for every run (repeatable), e.g. "
+        "placement.stage_threads=false",
     )
     args = parser.parse_args()
 

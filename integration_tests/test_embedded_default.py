@@ -29,6 +29,9 @@ def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> dict:
         timeout=1800,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
+    # a clean run prints nothing alarming after its summary (Serve's shutdown once did)
+    output = completed.stdout + completed.stderr
+    assert "graceful_shutdown failed" not in output and "killed by `ray.kill`" not in output
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())
     print(completed.stdout)

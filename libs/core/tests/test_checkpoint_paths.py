@@ -51,6 +51,25 @@ def test_names_that_could_leave_the_root_are_invalid_argument(tmp_path, name, pr
     assert "relative to the service's checkpoint root" in error.message
 
 
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("a" * 256, "has a component of 256 bytes; this filesystem allows 255"),
+        ("step/" + "é" * 128, "has a component of 256 bytes"),  # bytes, not characters
+        ("/".join(["d" * 200] * 25), "makes a path of"),
+    ],
+)
+def test_names_over_the_filesystem_limits_are_invalid_argument(tmp_path, name, problem):
+    error = refused(checkpoint_path, str(tmp_path), name)
+    assert error.code == INVALID
+    assert error.message.startswith("location.path: ") and problem in error.message
+    assert len(error.message) < 300  # the name is shortened, not echoed whole
+
+
+def test_names_at_the_limits_resolve(tmp_path):
+    assert checkpoint_path(str(tmp_path), "a" * 255).name == "a" * 255
+
+
 def test_a_service_without_a_root_refuses_checkpoints():
     error = refused(checkpoint_path, None, "step_1/rollout")
     assert error.code == PRECONDITION and "checkpoint_root" in error.message

@@ -37,6 +37,9 @@ class ScoreServer:
     delay_s: float = 0.0
     fail_first: int = 0
     bad_body: bool = False
+    redirect_location: str | None = None  # requests to /score answer 307 to it
+    body_bytes: int = 0  # answer a body this long (padding after the score)
+    send_length: bool = True  # False: no Content-Length, the body ends at close
     requests: list[dict] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
     attempts: Counter = field(default_factory=Counter)
@@ -77,7 +80,11 @@ def _handler(server_state: ScoreServer) -> type[BaseHTTPRequestHandler]:
             try:
                 time.sleep(server_state.delay_s)
                 failing = server_state.fail_first
-                if failing < 0 or attempt <= failing:
+                if server_state.redirect_location and self.path == "/score":
+                    self._redirect(server_state.redirect_location)
+                elif server_state.body_bytes:
+                    self._send_padded(server_state.body_bytes, expected_score(payload))
+                elif failing < 0 or attempt <= failing:
                     self._send(500, {"error": "scoring backend down"})
                 elif server_state.bad_body:
                     self._send(200, {"result": "no score here"})
@@ -98,6 +105,28 @@ def _handler(server_state: ScoreServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client timed out and hung up: expected in the slow tests
 
+        def _redirect(self, location: str) -> None:
+            self.send_response(307)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _send_padded(self, size: int, score: float) -> None:
+            head = json.dumps({"score": score}).encode()
+            data = head + b" " * max(0, size - len(head))  # whitespace: still valid JSON
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if server_state.send_length:
+                    self.send_header("Content-Length", str(len(data)))
+                else:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading at its cap
+
         def log_message(self, format: str, *args) -> None:  # quiet test output
             pass
 
@@ -109,14 +138,9 @@ def score_server() -> Iterator[Callable[..., ScoreServer]]:
     """Starts servers on demand; all stop when the test module ends."""
     servers: list[ThreadingHTTPServer] = []
 
-    def start(delay_s: float = 0.0, fail_first: int = 0, bad_body: bool = False) -> ScoreServer:
+    def start(**behaviour) -> ScoreServer:
         port = free_port()
-        state = ScoreServer(
-            url=f"http://127.0.0.1:{port}/score",
-            delay_s=delay_s,
-            fail_first=fail_first,
-            bad_body=bad_body,
-        )
+        state = ScoreServer(url=f"http://127.0.0.1:{port}/score", **behaviour)
         httpd = _Server(("127.0.0.1", port), _handler(state))
         threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(httpd)

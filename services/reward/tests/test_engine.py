@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.core.config import validate_config
+from rlserve.core.config import ConfigError, validate_config
 from rlserve.core.embedded.tokenizer import build_char_tokenizer
 from rlserve.core.serving import Deadline, RpcError
 from rlserve.reward.config import RewardServiceConfig
@@ -242,3 +242,31 @@ def test_rule_time_budget_stops_the_call(tmp_path, monkeypatch):
     import budget_rules
 
     assert len(budget_rules.calls) == 2  # stopped between rows, not after all of them
+
+
+def test_header_values_are_read_from_the_replicas_environment_or_a_file(
+    score_server, tmp_path, monkeypatch
+):
+    server = score_server()
+    monkeypatch.setenv("VERIFIER_KEY", "Bearer from-env")
+    (tmp_path / "token").write_text("from-file\n")
+    headers = {"Authorization": "env:VERIFIER_KEY", "X-Token": f"file:{tmp_path / 'token'}"}
+    engine = _engine({"http": {"url": server.url, "headers": {**headers, "X-Plain": "as-is"}}})
+    _score(engine, _text_batch())
+    sent = server.headers[-1]
+    assert (sent["Authorization"], sent["X-Token"], sent["X-Plain"]) == (
+        "Bearer from-env", "from-file", "as-is")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("env:RLSERVE_TEST_UNSET_VARIABLE", "environment variable 'RLSERVE_TEST_UNSET_VARIABLE'"),
+        ("file:/nonexistent/token", "file '/nonexistent/token', which the reward replica cannot"),
+    ],
+)
+def test_a_header_reference_that_resolves_to_nothing_names_the_header(value, problem):
+    with pytest.raises(ConfigError) as error:
+        _engine({"http": {"url": "http://127.0.0.1:9/", "headers": {"Authorization": value}}})
+    assert str(error.value).startswith("kinds.http.headers.Authorization: refers to ")
+    assert problem in str(error.value)

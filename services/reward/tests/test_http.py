@@ -30,6 +30,14 @@ def _scorer(url: str, on_failure: str = "raise", fallback_score: float = -1.0, *
     return HttpScorer(HttpScoreClient(url, **client_kwargs), on_failure, fallback_score)
 
 
+def _expected(server, inputs: RewardInputs) -> list[float]:
+    columns = inputs.columns
+    return [
+        server.expected_score({"response_text": text, "ground_truth": truth})
+        for text, truth in zip(columns["response_text"], columns["ground_truth"], strict=True)
+    ]
+
+
 def _run(scorer: HttpScorer, inputs: RewardInputs, deadline: Deadline | None = None):
     async def go():
         try:
@@ -224,3 +232,37 @@ def test_one_session_is_reused_across_batches(score_server):
 
     assert asyncio.run(go())
     assert len(server.requests) == 8
+
+
+def test_redirects_are_refused_by_default(score_server):
+    elsewhere = score_server()
+    server = score_server(redirect_location=elsewhere.url)
+    scorer = _scorer(server.url, on_failure="fallback", headers={"Authorization": "k"})
+    scores, metrics, _ = _run(scorer, _inputs(3))
+    assert scores.tolist() == [-1.0] * 3 and metrics["http_failures"] == 3
+    assert not elsewhere.requests  # neither the key nor the samples went there
+    error, _ = _run_error(_scorer(server.url), _inputs(1))
+    assert f"HTTP 307 redirect to {elsewhere.url} refused (redirects: refuse)" in error.message
+
+
+def test_same_origin_redirects_are_followed_and_others_refused(score_server):
+    here = score_server(redirect_location="/moved")
+    scores, _, _ = _run(_scorer(here.url, redirects="same_origin"), _inputs(2))
+    assert scores.tolist() == _expected(here, _inputs(2))
+    elsewhere = score_server()
+    away = score_server(redirect_location=elsewhere.url)
+    error, _ = _run_error(_scorer(away.url, redirects="same_origin"), _inputs(1))
+    assert "redirect to another origin" in error.message and not elsewhere.requests
+    loop = score_server(redirect_location="/score")  # to itself, forever
+    error, _ = _run_error(_scorer(loop.url, redirects="same_origin"), _inputs(1))
+    assert "more than 5 redirects" in error.message
+
+
+@pytest.mark.parametrize("send_length", [True, False])
+def test_an_oversized_body_fails_the_sample_unread(score_server, send_length):
+    big = score_server(body_bytes=10_000_000, send_length=send_length)
+    error, _ = _run_error(_scorer(big.url, max_response_bytes=4096), _inputs(1))
+    assert "over max_response_bytes 4096" in error.message
+    fits = score_server(body_bytes=4000, send_length=send_length)
+    scores, _, _ = _run(_scorer(fits.url, max_response_bytes=4096), _inputs(1))
+    assert scores.tolist() == _expected(fits, _inputs(1))

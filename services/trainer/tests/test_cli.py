@@ -105,3 +105,32 @@ def test_service_options_may_follow_the_action():
         ["service", "scale", "reward", "--replicas", "2", "--timeout-s", "5"]
     )
     assert (scaled.address, scaled.timeout_s, scaled.replicas) == ("auto", 5.0, 2)
+
+
+def test_config_prints_secrets_redacted_and_the_run_file_is_private(tmp_path, capsys):
+    import os
+    import stat
+
+    from rlserve.core.config import load_config
+    from rlserve.core.run_config import RunConfig
+    from rlserve.trainer.run import new_run_dir
+
+    overrides = [
+        "reward.kinds.http.url=http://verifier:8000/score",
+        "reward.kinds.http.headers={Authorization: Bearer s3cret}",
+        f"trainer.run_dir={tmp_path}",
+    ]
+    assert cli.main(["config", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "headers: <redacted>" in out and "s3cret" not in out
+    old_umask = os.umask(0o022)
+    try:
+        run_dir = new_run_dir(load_config(RunConfig, None, overrides))
+    finally:
+        os.umask(old_umask)
+    saved = run_dir / "config.yaml"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    # the run's own copy keeps the value: resume needs it
+    assert load_config(RunConfig, saved).reward.kinds.http.headers == {
+        "Authorization": "Bearer s3cret"
+    }

@@ -8,6 +8,7 @@ integration_tests/test_ppo_loop.py.
 """
 
 import asyncio
+import logging
 import math
 
 import pytest
@@ -105,7 +106,9 @@ def _reward(request):
     rows = len(batch_from_proto(request.batch))
     scores = torch.tensor([float(i % 2 == 0) for i in range(rows)])
     tensors = {"scores": scores, "scores_rule": scores}
-    return reward_pb2.ComputeRewardResponse(batch=batch_to_proto(Batch(tensors)))
+    # as an HTTP kind with on_failure fallback reports one failed sample of the call's
+    figures = {"http_s": 0.25, "http_requests": float(rows), "http_failures": 1.0}
+    return reward_pb2.ComputeRewardResponse(batch=batch_to_proto(Batch(tensors)), metrics=figures)
 
 
 def fake_clients(critic: bool, reference: bool) -> Clients:
@@ -242,6 +245,19 @@ def test_remax_generates_a_greedy_baseline_per_prompt(tokenizer, tmp_path):
     # the greedy responses score 1 (prompt 0) and 0 (prompt 1), as the samples do
     assert metrics["remax/baseline_mean"] == pytest.approx(0.5)
     torch.testing.assert_close(actor_batch(clients)["advantages"], torch.zeros(2, 3))
+
+
+def test_the_reward_services_figures_are_summed_per_step_and_failures_warned(
+    tokenizer, tmp_path, caplog
+):
+    # ReMax calls the reward twice a step: the sampled responses and the greedy ones
+    with caplog.at_level(logging.WARNING, logger="rlserve.trainer.loop"):
+        metrics, clients = one_step(tokenizer, tmp_path, algorithm={"adv_estimator": "remax"})
+    assert len(clients.reward.sent("ComputeReward")) == 2
+    assert metrics["reward/http_failures"] == 2.0 and metrics["reward/http_s"] == 0.5
+    assert metrics["reward/http_requests"] == 2.0 + 2.0  # 2 sampled + 2 greedy responses
+    (warning,) = [r.getMessage() for r in caplog.records if "reward HTTP" in r.getMessage()]
+    assert warning.startswith("step 1: 2 reward HTTP samples failed (4 requests sent)")
 
 
 def test_optimal_token_baseline_asks_for_sum_pi_squared(tokenizer, tmp_path):

@@ -4,7 +4,9 @@ SaveCheckpoint / LoadCheckpoint name a checkpoint by a path *relative* to the se
 `checkpoint_root` (e.g. "step_000010/rollout"); a caller can never make a service read
 or write anywhere else. `checkpoint_path(root, name)` refuses, with INVALID_ARGUMENT
 naming the field and the fix: an empty name, a NUL byte, an absolute path, a `..`
-component, the root itself, and a name that resolves outside the root through a symlink.
+component, the root itself, a name that resolves outside the root through a symlink,
+and a name over the filesystem's limits (a component over NAME_MAX bytes, a whole path
+over PATH_MAX), which the OS would otherwise refuse mid-save.
 A service without a root refuses checkpoints altogether (FAILED_PRECONDITION).
 
 Then, before any worker runs, `prepare_save_dir` creates the directory and
@@ -35,7 +37,8 @@ def checkpoint_path(root: str | None, name: str, field: str = FIELD) -> Path:
     Raises:
         RpcError: FAILED_PRECONDITION when the service has no root; INVALID_ARGUMENT
             (naming `field`) for a name that is empty, holds a NUL byte, is absolute,
-            has a '..' component, is the root itself, or resolves outside the root.
+            has a '..' component, is the root itself, resolves outside the root, or is
+            longer than the filesystem allows.
     """
     if not root:
         raise failed_precondition(
@@ -53,6 +56,7 @@ def checkpoint_path(root: str | None, name: str, field: str = FIELD) -> Path:
     if ".." in relative.parts:
         raise invalid_argument(field, f"{name!r} climbs out with '..'; {fix}")
     base = Path(root).resolve()
+    _require_within_name_limits(base, relative, name, field)
     resolved = (base / relative).resolve()
     if resolved == base:
         raise invalid_argument(field, f"{name!r} names the checkpoint root itself; {fix}")
@@ -61,6 +65,33 @@ def checkpoint_path(root: str | None, name: str, field: str = FIELD) -> Path:
             field, f"{name!r} leads outside the checkpoint root through a symlink; {fix}"
         )
     return resolved
+
+
+def _require_within_name_limits(base: Path, relative: PurePosixPath, name: str, field: str) -> None:
+    name_max = _path_limit(base, "PC_NAME_MAX", 255)
+    path_max = _path_limit(base, "PC_PATH_MAX", 4096)
+    shown = name if len(name) <= 60 else f"{name[:40]}...({len(name)} characters)"
+    for part in relative.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise invalid_argument(
+                field,
+                f"{shown!r} has a component of {len(os.fsencode(part))} bytes; this "
+                f"filesystem allows {name_max} per name: use shorter names",
+            )
+    total = len(os.fsencode(str(base / relative)))
+    if total >= path_max:
+        raise invalid_argument(
+            field,
+            f"{shown!r} makes a path of {total} bytes under the checkpoint root; this "
+            f"filesystem allows {path_max - 1}: use a shorter path",
+        )
+
+
+def _path_limit(directory: Path, limit: str, default: int) -> int:
+    try:
+        return os.pathconf(directory, limit)
+    except (OSError, ValueError):  # the root not there yet, or no such limit here
+        return default
 
 
 def prepare_save_dir(directory: Path) -> None:

@@ -30,9 +30,12 @@ SERVICER_FUNCTIONS = [
     for module, service in SERVICES.items()
 ]
 
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+
 # Set before Ray starts (each only where the environment does not set it already):
-# - a plain ray.init() otherwise turns token auth on and later `ray start` / `serve
-#   deploy` calls fail; usage stats would try the network;
+# - auth off for a cluster whose callers bring no Ray token (the test fixtures'; a local
+#   run turns it on first, see use_ray_token_auth); usage stats would try the network;
 # - Serve's direct ingress: each app's replica also answers gRPC on a port of its own
 #   (DIRECT_GRPC_PORTS), so a client on the cluster (the trainer, see
 #   rlserve.core.rpc.direct_grpc_target) skips the proxy's hop, with user code and the
@@ -41,7 +44,7 @@ SERVICER_FUNCTIONS = [
 #   balancer stands in front to deregister a stopping replica, so it does not drain for
 #   Serve's default 30 s first (a client falls back to the proxy, see ServiceClient).
 _RAY_ENV_DEFAULTS = {
-    "RAY_AUTH_MODE": "disabled",
+    RAY_AUTH_MODE_ENV: "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
@@ -50,6 +53,19 @@ _RAY_ENV_DEFAULTS = {
 }
 DIRECT_GRPC_PORTS = range(40000, 41000)
 """Where Serve's direct ingress puts replicas' own gRPC servers (its default range)."""
+
+
+def use_ray_token_auth(token: str) -> None:
+    """Ray's token auth, with `token`, for the cluster this process starts or joins next:
+    set in the environment before Ray starts, so every Ray process inherits both."""
+    os.environ[RAY_AUTH_MODE_ENV] = "token"
+    os.environ[RAY_AUTH_TOKEN_ENV] = token
+    # This process's Ray client read the mode when `ray` was imported: without a reload
+    # it would call its own token-auth GCS as 'disabled' and be refused.
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def apply_ray_env_defaults() -> dict[str, str]:

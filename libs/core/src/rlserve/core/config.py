@@ -268,11 +268,13 @@ def validate_config(model_cls: type[M], data: Any) -> M:
         raise _to_config_error(model_cls, e) from None
 
 
-def dump_config(model: ConfigModel) -> str:
-    """The config as YAML text; `load_config` of that text gives an equal config."""
-    return yaml.dump(
-        _plain(model.model_dump()), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100
-    )
+def dump_config(model: ConfigModel, redact: bool = False) -> str:
+    """The config as YAML text; `load_config` of that text gives an equal config. With
+    `redact`, for printing: every non-empty SECRET field shows as REDACTED."""
+    data = model.model_dump()
+    if redact:
+        data = redacted_values(data, secret_field_names(type(model)))
+    return yaml.dump(_plain(data), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
 SECRET: dict[str, Any] = {"secret": True}

@@ -18,6 +18,9 @@ The HTTP kind's wire contract is in rlserve.reward.config's docstring.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -70,7 +73,11 @@ class HttpKindConfig(ConfigModel):
     weight: float = Field(1.0, allow_inf_nan=False)
     """Weight of this kind's score in the combined score (may be 0 or negative)."""
     headers: dict[str, str] = Field(default_factory=dict, json_schema_extra=SECRET)
-    """Extra request headers, e.g. {"Authorization": "Bearer ..."}."""
+    """Extra request headers, e.g. {"Authorization": "env:VERIFIER_AUTH"}. A value
+    "env:NAME" is read from the replica's environment variable NAME, "file:/path" from
+    that file (surrounding whitespace dropped), when the replica starts, so the secret is
+    in neither the run's config.yaml nor Serve's app args; any other value is sent as
+    written. Printed configs show headers as <redacted>."""
     timeout_s: float = Field(3.0, gt=0, allow_inf_nan=False)
     """Per-request timeout in seconds (connect + response), for every attempt."""
     max_concurrency: int = Field(32, ge=1)
@@ -90,6 +97,14 @@ class HttpKindConfig(ConfigModel):
     deadline_reserve_s: float = Field(0.1, ge=0, allow_inf_nan=False)
     """HTTP work stops this long before the caller's deadline, so a 'fallback' answer
     still reaches the caller in time."""
+    redirects: Literal["refuse", "same_origin"] = "refuse"
+    """A 3xx answer: 'refuse' fails the sample (rejected, naming the status and the
+    Location); 'same_origin' follows up to 5 redirects to the url's own scheme, host and
+    port, re-sending the POST. A redirect elsewhere is always refused: it would carry
+    the headers and every sample's ground truth to another host."""
+    max_response_bytes: int = Field(65536, ge=64)
+    """Largest response body read; a longer one fails the sample (rejected) after this
+    many bytes, so a hostile or broken API cannot fill the replica's memory."""
 
     @model_validator(mode="after")
     def _check(self) -> HttpKindConfig:
@@ -195,3 +210,39 @@ class RewardSettings(ConfigModel):
                 "num_replicas", "set either num_replicas or autoscaling_config, not both"
             )
         return self
+
+
+HEADER_ENV_PREFIX = "env:"
+HEADER_FILE_PREFIX = "file:"
+
+
+def resolve_header_values(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers to send: each "env:NAME" / "file:/path" value replaced by what it
+    refers to (HttpKindConfig.headers).
+
+    Raises:
+        ConfigError: a reference to an unset variable or an unreadable file, naming the
+            header (never its value) and the fix.
+    """
+    resolved = {}
+    for name, value in headers.items():
+        field = f"kinds.http.headers.{name}"
+        if value.startswith(HEADER_ENV_PREFIX):
+            variable = value[len(HEADER_ENV_PREFIX) :]
+            if variable not in os.environ:
+                raise ConfigError(
+                    field, f"refers to environment variable {variable!r}, which the reward "
+                    "replica's environment does not set: set it on every reward node")  # fmt: skip
+            resolved[name] = os.environ[variable]
+        elif value.startswith(HEADER_FILE_PREFIX):
+            path = Path(value[len(HEADER_FILE_PREFIX) :])
+            try:
+                resolved[name] = path.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as error:
+                reason = getattr(error, "strerror", None) or "not UTF-8 text"
+                raise ConfigError(
+                    field, f"refers to file {str(path)!r}, which the reward replica cannot "
+                    f"read ({reason}): put the file on every reward node") from None  # fmt: skip
+        else:
+            resolved[name] = value
+    return resolved

@@ -381,7 +381,8 @@ class ActorSettings(TrainingSettings):
     """Passes over each step's samples."""
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward/backward pass on one worker (per worker; gradients accumulate
-    over micro-batches up to the mini-batch)."""
+    over micro-batches up to the mini-batch). Left unset in a run: the largest divisor of
+    a worker's share of the mini-batch up to 64."""
     clip_ratio_low: float | None = Field(None, ge=0, lt=1)
     """PPO clip: the ratio is kept above 1 - clip_ratio_low (dppo_tv/dppo_kl: the
     divergence allowed to a negative-advantage token). None = the policy loss's own
@@ -489,7 +490,8 @@ class ActorConfig(ActorSettings):
 
     ppo_mini_batch_prompts: int = Field(64, ge=1)
     """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
-    trainer.prompts_per_step."""
+    trainer.prompts_per_step. Left unset in a run: the largest divisor of
+    trainer.prompts_per_step up to 64 (the whole step when it has at most 64 prompts)."""
     reuse_update_forward: bool = True
     """When a step's update is one on-policy optimizer step (see RunConfig.
     single_pass_update), take the old log-probs from the update's own forward instead
@@ -507,7 +509,8 @@ class CriticSettings(TrainingSettings, RequestLimits):
     """Passes over each step's samples."""
     micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward/backward pass on one worker (per worker; a larger value
-    trains a worker's whole share of a mini-batch at once)."""
+    trains a worker's whole share of a mini-batch at once). Left unset in a run: the
+    largest divisor of a worker's share of the mini-batch up to 64."""
     cliprange_value: float = Field(0.2, gt=0)
     """Value clip: new values stay within this distance of the old ones in the loss."""
     forward_micro_batch_samples: int = Field(64, ge=1)
@@ -528,7 +531,8 @@ class CriticConfig(CriticSettings):
     model), with a zero-initialised value head."""
     ppo_mini_batch_prompts: int = Field(64, ge=1)
     """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
-    trainer.prompts_per_step."""
+    trainer.prompts_per_step. Left unset in a run: the largest divisor of
+    trainer.prompts_per_step up to 64 (the whole step when it has at most 64 prompts)."""
 
 
 class ReferenceConfig(WorkerSettings, RequestLimits):
@@ -951,6 +955,33 @@ class RunConfig(ConfigModel):
         )
 
     @model_validator(mode="after")
+    def _unset_sizes_follow_the_set_ones(self) -> RunConfig:
+        """A user who sets the step's size is not made to set three: an unset mini-batch
+        or micro-batch is the largest divisor of what it tiles (the step's prompts, a
+        worker's share of the mini-batch) up to its default, 64; the defaults themselves
+        are kept where they fit. Runs before the checks below; the sections are frozen,
+        so the derived sizes are written in place, once, here."""
+        sections: list[ActorConfig | CriticConfig] = [self.actor]
+        if self.needs_critic:
+            sections.append(self.critic)
+        n = self.rollout.responses_per_prompt
+        for section in sections:
+            if "ppo_mini_batch_prompts" not in section.model_fields_set:
+                mini = _largest_divisor_up_to(
+                    self.trainer.prompts_per_step, _default(section, "ppo_mini_batch_prompts")
+                )
+                object.__setattr__(section, "ppo_mini_batch_prompts", mini)
+            mini_samples = section.ppo_mini_batch_prompts * n
+            if "micro_batch_samples" not in section.model_fields_set and (
+                mini_samples % section.workers == 0
+            ):
+                micro = _largest_divisor_up_to(
+                    mini_samples // section.workers, _default(section, "micro_batch_samples")
+                )
+                object.__setattr__(section, "micro_batch_samples", micro)
+        return self
+
+    @model_validator(mode="after")
     def _sections_agree(self) -> RunConfig:
         issues = self._batch_issues("actor", self.actor)
         if self.needs_critic:
@@ -1142,6 +1173,14 @@ class RunConfig(ConfigModel):
                 )
             )
         return issues
+
+
+def _largest_divisor_up_to(total: int, cap: int) -> int:
+    return max(d for d in range(1, min(cap, total) + 1) if total % d == 0)
+
+
+def _default(section: ConfigModel, name: str) -> int:
+    return type(section).model_fields[name].default
 
 
 def _nearest_divisors_hint(total: int, got: int) -> str:

@@ -34,6 +34,7 @@ import torch
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
+from rlserve.core.reward_settings import resolve_header_values
 from rlserve.core.serving import Deadline, RpcError, invalid_argument, resource_exhausted
 from rlserve.core.validation import (
     require_mask,
@@ -346,13 +347,15 @@ def build_engine(config: RewardServiceConfig) -> RewardEngine:
     if http is not None:
         client = HttpScoreClient(
             http.url,
-            headers=http.headers,
+            headers=resolve_header_values(http.headers),
             timeout_s=http.timeout_s,
             max_concurrency=http.max_concurrency,
             retries=http.retries,
             backoff_initial_s=http.backoff_initial_s,
             backoff_max_s=http.backoff_max_s,
             deadline_reserve_s=http.deadline_reserve_s,
+            redirects=http.redirects,
+            max_response_bytes=http.max_response_bytes,
         )
         kinds["http"] = (HttpScorer(client, http.on_failure, http.fallback_score), http.weight)
     return RewardEngine(kinds, config.max_batch_samples)

@@ -18,6 +18,10 @@ Per sample: one POST (JSON body = the sample's fields), response {"score": numbe
 - A sample that still fails yields an `HttpFailure` (row, reason, detail, attempts);
   the caller applies its policy (raise or fallback). With `fail_fast` the first failure
   cancels the batch's other requests, since the call fails anyway.
+- Redirects are refused unless `redirects="same_origin"`, and then followed (up to
+  MAX_REDIRECTS, the POST re-sent) only to the url's own scheme, host and port: a
+  redirect is never a way to send the headers and the samples' ground truth elsewhere.
+  A body over `max_response_bytes` fails the sample without reading the rest.
 - Each sample is one span `reward.http_call` (row, attempts, retries, the last HTTP
   status, ERROR with the reason when it failed), its attempts and backoffs inside.
 
@@ -35,12 +39,15 @@ from typing import Any, Literal
 
 import aiohttp
 from opentelemetry.trace import Status, StatusCode
+from yarl import URL
 
 from rlserve.core import tracing
 
 FailureReason = Literal["timeout", "unavailable", "rejected", "deadline"]
 _RETRYABLE_STATUSES = frozenset({408, 429})
 _BODY_SNIPPET_CHARS = 200
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,12 @@ class HttpScoreClient:
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 2.0,
         deadline_reserve_s: float = 0.1,
+        redirects: Literal["refuse", "same_origin"] = "refuse",
+        max_response_bytes: int = 65536,
     ) -> None:
         self.url = url
+        self._redirects = redirects
+        self._max_response_bytes = max_response_bytes
         self._headers = dict(headers or {})
         self._timeout_s = timeout_s
         self._max_concurrency = max_concurrency
@@ -246,13 +257,23 @@ class HttpScoreClient:
     async def _attempt(
         self, session: aiohttp.ClientSession, body: dict[str, Any], timeout_s: float
     ) -> float:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        url = URL(self.url)
         try:
-            async with session.post(
-                self.url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as response:
-                raw = await response.read()
-                status = response.status
-                retry_after = response.headers.get("Retry-After", "")
+            async with asyncio.timeout(timeout_s):  # the redirects share the attempt's time
+                for _hop in range(MAX_REDIRECTS + 1):
+                    async with session.post(
+                        url, json=body, timeout=timeout, allow_redirects=False
+                    ) as response:
+                        status = response.status
+                        retry_after = response.headers.get("Retry-After", "")
+                        location = response.headers.get("Location", "")
+                        raw = await self._read_bounded(response)
+                    if status not in _REDIRECT_STATUSES:
+                        break
+                    url = self._redirect_target(url, location, status)
+                else:
+                    raise _AttemptError("rejected", f"more than {MAX_REDIRECTS} redirects", False)
             tracing.annotate(status=status)  # the last attempt's status stays on the span
         except TimeoutError:
             raise _AttemptError("timeout", f"no response within {timeout_s:.3g} s", True) from None
@@ -268,6 +289,39 @@ class HttpScoreClient:
         if not 200 <= status < 300:
             raise _AttemptError("rejected", f"HTTP {status}: {_snippet(raw)}", False)
         return _parse_score(raw)
+
+    async def _read_bounded(self, response: aiohttp.ClientResponse) -> bytes:
+        cap = self._max_response_bytes
+        if response.content_length is not None and response.content_length > cap:
+            raise _AttemptError(
+                "rejected",
+                f"body of {response.content_length} bytes is over max_response_bytes {cap}",
+                False,
+            )
+        raw = await response.content.read(cap + 1)
+        if len(raw) > cap:
+            raise _AttemptError(
+                "rejected", f"body is over max_response_bytes {cap} (not read further)", False
+            )
+        return raw
+
+    def _redirect_target(self, current: URL, location: str, status: int) -> URL:
+        """Where a redirect may go (same_origin only), or the refusal naming it."""
+        target = current.join(URL(location)) if location else None
+        if target is None:
+            raise _AttemptError("rejected", f"HTTP {status} without a Location", False)
+        if self._redirects == "refuse":
+            raise _AttemptError(
+                "rejected", f"HTTP {status} redirect to {target} refused (redirects: refuse)",
+                False)  # fmt: skip
+        if target.origin() != URL(self.url).origin():
+            raise _AttemptError(
+                "rejected",
+                f"HTTP {status} redirect to another origin, {target.origin()}, refused "
+                "(it would carry the headers and samples there)",
+                False,
+            )
+        return target
 
 
 def _parse_score(raw: bytes) -> float:

@@ -120,12 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     if args.command == "config":
-        print(describe_config(RunConfig) if args.describe else dump_config(config), end="")
+        print(
+            describe_config(RunConfig) if args.describe else dump_config(config, redact=True),
+            end="",
+        )
         return 0
 
     from rlserve.trainer.deploy import ServiceSettingsConflict
     from rlserve.trainer.loop import NoInformativeGroups
-    from rlserve.trainer.run import new_run_dir, print_summary, train
+    from rlserve.trainer.run import ResumeError, new_run_dir, print_summary, train
 
     _quiet_libraries()
     try:
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:  # checks that need the model or data (e.g. its context)
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    except ServiceSettingsConflict as error:
+    except (ServiceSettingsConflict, ResumeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except NoInformativeGroups as error:  # the run stopped; its checkpoints resume it

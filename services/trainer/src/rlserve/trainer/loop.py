@@ -31,6 +31,7 @@ and `time/step_s` cover the same work.
 """
 
 import asyncio
+import logging
 import math
 import time
 from collections import Counter
@@ -82,6 +83,9 @@ from rlserve.v1 import (
 )
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+
+
+logger = logging.getLogger(__name__)
 
 
 class NoInformativeGroups(RuntimeError):
@@ -199,6 +203,9 @@ class PPOTrainer:
         self.kl_controller = _kl_controller(config)
         self.state = TrainerState()
         self.advantage_settings = advantage_settings(config)
+        # The reward service's figures (http_failures, http_s, rule_s...) summed over a
+        # step's ComputeReward calls; reported as reward/<name>.
+        self._reward_figures: Counter[str] = Counter()
         # GDPO's reward kinds and weights, from the reward service on first use
         self._kind_weights: dict[str, float] | None = None
         # one_step_off: (step, its generation, running or done) asked for a step early
@@ -451,9 +458,10 @@ class PPOTrainer:
             non_tensor_keys=["response_text", "ground_truth", "prompt_text"],
             meta_keys=[],
         )
-        _, scores = await self.clients.reward.call_with_batch(
+        response, scores = await self.clients.reward.call_with_batch(
             "ComputeReward", reward_pb2.ComputeRewardRequest(), reward_input
         )
+        self._reward_figures.update(dict(response.metrics))
         return scores
 
     async def run_step(self) -> dict[str, float]:
@@ -476,6 +484,7 @@ class PPOTrainer:
         config = self.config
         timings: dict[str, float] = {}
         started = time.perf_counter()
+        self._reward_figures.clear()
 
         generation = await _timed("generate", timings, self._take_generation(step))
         batch, gen_metrics, rows = generation.batch, generation.metrics, generation.rows
@@ -647,6 +656,16 @@ class PPOTrainer:
             **{f"generate/{k}": v for k, v in gen_metrics.items()},
             **filter_metrics,
         }
+        metrics.update({f"reward/{name}": value for name, value in self._reward_figures.items()})
+        failures = int(self._reward_figures.get("http_failures", 0))
+        if failures:
+            logger.warning(
+                "step %d: %d reward HTTP samples failed (%d requests sent) and were "
+                "scored reward.kinds.http.fallback_score (on_failure: fallback)",
+                step + 1,
+                failures,
+                int(self._reward_figures.get("http_requests", 0)),
+            )
         if config.algorithm.overlong_buffer_tokens:
             metrics["overlong/penalty_mean"] = float(self._overlong_penalty(batch).mean())
         if "baseline_scores" in batch.tensors:

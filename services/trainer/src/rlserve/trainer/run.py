@@ -46,7 +46,13 @@ from rlserve.trainer.deploy import (
     verify_placement,
 )
 from rlserve.trainer.loop import Clients, PPOTrainer
-from rlserve.trainer.metrics import MetricsLog, plot_curves, read_metrics, truncate_after
+from rlserve.trainer.metrics import (
+    MetricsLog,
+    plot_curves,
+    read_metrics,
+    repair_torn_tail,
+    truncate_after,
+)
 from rlserve.trainer.recovery import Recovery, RecoveryEvent
 from rlserve.v1 import trainer_pb2
 
@@ -411,6 +417,7 @@ def start_ray(config: RunConfig, run_dir: Path) -> bool:
         if auth.expected_token() is None:
             # Before Ray starts: its processes, and so the replicas, inherit it.
             os.environ[auth.TOKEN_ENV] = auth.generate_token()
+        close_local_ray_ports()
         temp_dir = Path("/tmp") / f"rlserve-{run_dir.name}"
         # Logical CPUs: four services with their workers need more scheduling slots than a
         # small machine has cores, and the embedded model is far too small to need them.
@@ -430,6 +437,19 @@ def start_ray(config: RunConfig, run_dir: Path) -> bool:
         )
     connect_ray(config.trainer.ray_address)
     return False
+
+
+def close_local_ray_ports() -> None:
+    """Turns Ray's token auth on, with a token of this run's own, for the local cluster
+    about to start (unless the environment chose a mode). Ray's processes (GCS, raylet,
+    workers, dashboard agent) listen on every interface whatever address they are given,
+    and whoever reaches an open one runs code in the cluster, reading every worker's
+    environment, the services' token included; with token auth they refuse callers
+    without Ray's token."""
+    from rlserve.core.cluster import RAY_AUTH_MODE_ENV, use_ray_token_auth
+
+    if RAY_AUTH_MODE_ENV not in os.environ:
+        use_ray_token_auth(auth.generate_token())
 
 
 def start_serve_proxy(config: RunConfig, local: bool) -> str:
@@ -452,8 +472,21 @@ def start_serve_proxy(config: RunConfig, local: bool) -> str:
 def new_run_dir(config: RunConfig) -> Path:
     run_dir = Path(config.trainer.run_dir) / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=False)
-    (run_dir / "config.yaml").write_text(dump_config(config))
+    write_private(run_dir / "config.yaml", dump_config(config))
     return run_dir
+
+
+def write_private(path: Path, text: str) -> None:
+    """Writes `text` to `path` readable by this user only (0600 whatever the umask): a
+    run's config.yaml may hold reward HTTP headers, on storage every node shares."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+class ResumeError(RuntimeError):
+    """A run directory that cannot be resumed as it is (the message says why and the fix)."""
 
 
 def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
@@ -464,7 +497,14 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
     phases: dict[str, float] = {"process_start": time.time() - process_started_unix_s}
     resume_from = latest_checkpoint(run_dir) if resume else None
     if resume and resume_from is None:
-        raise FileNotFoundError(f"{run_dir} holds no complete checkpoint to resume from")
+        raise ResumeError(f"{run_dir} holds no complete checkpoint to resume from")
+    if resume:  # before any cluster starts or service is restored
+        try:
+            repaired = repair_torn_tail(run_dir / "metrics.jsonl")
+        except ValueError as error:
+            raise ResumeError(str(error)) from None
+        if repaired is not None:
+            console.print(f"[yellow]{repaired}[/yellow]")
     if resume_from is not None:
         try:  # before any cluster starts: the services could not load it from their root
             service_checkpoint_name(config.trainer.run_dir, resume_from, "rollout")
@@ -533,10 +573,12 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
 
 
 def _stop_local_cluster() -> None:
+    """Stops the cluster this run started, Serve with it. serve.shutdown() first would
+    end with Ray's red `Task ServeController.graceful_shutdown failed ... killed by
+    ray.kill` line on screen after the summary (Serve kills its controller while the
+    call is in flight); the run's checkpoints and spans are written by then."""
     import ray
-    from ray import serve
 
-    serve.shutdown()
     ray.shutdown()
 
 
