@@ -219,6 +219,8 @@ def test_every_reward_kind_setting_reaches_the_service():
             "on_failure": "fallback",
             "fallback_score": -2.0,
             "deadline_reserve_s": 0.3,
+            "redirects": "same_origin",
+            "max_response_bytes": 4096,
         },
     }
     config = _config(reward={"kinds": kinds})

@@ -343,11 +343,29 @@ def test_critic_mini_batch_checked_only_when_gae_uses_it():
 def test_micro_batch_must_divide_each_workers_share():
     err = error_of("actor.micro_batch_samples=48")
     assert err.paths == ("actor.micro_batch_samples",)
-    # 64 prompts × 1 response over 2 workers = 32 samples each; 64 no longer fits.
-    err = error_of("actor.workers=2")
+    # 64 prompts × 1 response over 2 workers = 32 samples each; a set 64 no longer fits
+    err = error_of("actor.workers=2", "actor.micro_batch_samples=64")
     assert err.paths == ("actor.micro_batch_samples",)
     assert "32 samples" in str(err) and "actor.workers 2" in str(err)
     assert load("actor.workers=2", "actor.micro_batch_samples=16").actor.workers == 2
+
+
+def test_unset_batch_sizes_follow_the_ones_set():
+    """A user who sets one size is not made to set three (README's real-model command
+    set only trainer.prompts_per_step=8 and failed twice)."""
+    small = load("trainer.prompts_per_step=8", "rollout.responses_per_prompt=4")
+    assert (small.actor.ppo_mini_batch_prompts, small.actor.micro_batch_samples) == (8, 32)
+    assert (small.critic.ppo_mini_batch_prompts, small.critic.micro_batch_samples) == (8, 32)
+    # a worker's share that 64 does not divide: its largest divisor up to 64
+    odd = load("trainer.prompts_per_step=96", "actor.workers=2")
+    assert (odd.actor.ppo_mini_batch_prompts, odd.actor.micro_batch_samples) == (48, 24)
+    assert load("actor.workers=2").actor.micro_batch_samples == 32
+    # a size that is set stays as set, and the defaults stay where they fit
+    assert (
+        load("trainer.prompts_per_step=8", "actor.micro_batch_samples=2").actor.micro_batch_samples
+        == 2
+    )
+    assert load("trainer.prompts_per_step=128").actor.ppo_mini_batch_prompts == 64
 
 
 def test_workers_must_split_the_mini_batch_evenly():
