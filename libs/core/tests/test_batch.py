@@ -306,6 +306,22 @@ def test_a_pickled_batch_keeps_shapes_of_empty_and_multi_dim_tensors():
     assert_same(pickle.loads(pickle.dumps(cube, protocol=5)), cube)
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.float32, torch.bfloat16, torch.bool])
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_zero_width_tensors_cross_every_pickle_protocol(dtype, protocol):
+    """A 0-column response (a request Ray carries to the workers) once failed to unpickle
+    with protocol 5: the empty byte array's stride is 0 and torch refused to view it."""
+    batch = Batch(
+        tensors={
+            "responses": torch.zeros(2, 0, dtype=dtype),
+            "prompts": torch.ones(2, 1, dtype=dtype),
+        }
+    )
+    assert_same(pickle.loads(pickle.dumps(batch, protocol=protocol)), batch)
+    no_rows = Batch(tensors={"responses": torch.zeros(0, 3, dtype=dtype)})
+    assert_same(pickle.loads(pickle.dumps(no_rows, protocol=protocol)), no_rows)
+
+
 def test_split_pads_small_batch_with_first_rows():
     b = make_batch(1)
     chunks, pad_count = b.split(2)

@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import pickle
 import time
 from dataclasses import replace
 
@@ -703,3 +704,29 @@ def test_each_row_carries_its_mini_batch_counts():
         assert rank["mini_batch_tokens"].tolist() == [7.0, 7.0, 4.0, 4.0]
         assert rank["mini_batch_sequences"].tolist() == [4.0, 4.0, 2.0, 2.0]
     assert torch.equal(counted[0]["response_mask"], rank0["response_mask"])
+
+
+def test_zero_width_responses_cross_to_the_workers_and_back(service):
+    """Issue 27 item 16: 2 rows, a 1-column prompt and a 0-column response answered
+    INTERNAL (the empty tensor did not survive Ray's pickling). Both shapes must come
+    back as a clean answer: log-probs of 0 columns, or INVALID_ARGUMENT naming a field."""
+    prompt = torch.tensor([[3], [4]])
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    batch = Batch(
+        {
+            "prompts": prompt,
+            "responses": empty,
+            "response_mask": empty,
+            "input_ids": prompt,
+            "attention_mask": torch.ones_like(prompt),
+        },
+        meta={"weights_version": service.controller.weights_version},
+    )
+    batch = pickle.loads(pickle.dumps(batch, protocol=5))  # as Ray carries it to a worker
+    try:
+        scores, _ = service.compute_log_prob(batch)
+    except RpcError as error:
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT, error.message
+        assert error.message.startswith("batch."), error.message
+    else:
+        assert scores["log_probs"].shape == (2, 0)

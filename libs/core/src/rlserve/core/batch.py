@@ -416,6 +416,9 @@ def _unpickle_batch(
 ) -> Batch:
     tensors = {}
     for key, (data, dtype, shape, device) in parts.items():
+        if data.size == 0:  # an empty array's stride is 0: torch cannot view its bytes
+            tensors[key] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            continue
         # A buffer Ray read from its object store is read-only shared memory: copy it.
         owned = data if data.flags.writeable and data.base is None else data.copy()
         flat = torch.from_numpy(owned).view(getattr(torch, dtype))
