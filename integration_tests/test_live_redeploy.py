@@ -5,6 +5,8 @@ through the trainer's own control service (TrainerService.Stop) a few steps afte
 redeploy, so the redeploy lands mid-run however slow the machine is."""
 
 import asyncio
+import os
+import stat
 import subprocess
 import sys
 import threading
@@ -16,6 +18,7 @@ import ray
 import yaml
 
 from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from rlserve.core import auth
 from rlserve.core.placement import serve_replicas
 from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import declared_applications
@@ -88,6 +91,14 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     steps_at_redeploy_end = _trained_steps(tmp_path / "metrics.jsonl")
     _wait_for_steps(tmp_path / "metrics.jsonl", steps_at_redeploy_end + STEPS_AFTER_REDEPLOY, run)
+    # from another shell: `rlserve run status RUN_DIR` finds the trainer and its token
+    assert stat.S_IMODE((tmp_path / "control_token").stat().st_mode) == 0o600
+    status_command = subprocess.run(
+        [str(Path(sys.executable).parent / "rlserve"), "run", "status", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env=_without_token(),
+    )  # fmt: skip
+    assert status_command.returncode == 0, status_command.stderr
+    assert status_command.stdout.startswith("RUN_STATE_RUNNING: step "), status_command.stdout
     control = grpc.insecure_channel((tmp_path / "control_address").read_text().strip())
     trainer = trainer_pb2_grpc.TrainerServiceStub(control)
     status = trainer.GetStatus(
@@ -118,3 +129,8 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
     assert declared_applications()["reward"]["args"]["max_batch_samples"] == 1000
     for role, replicas in untouched.items():
         assert _replica_ids(role) == replicas, f"{role} was redeployed"
+
+
+def _without_token() -> dict[str, str]:
+    """This environment minus the token: the command must take it from the run dir."""
+    return {k: v for k, v in os.environ.items() if k not in (auth.TOKEN_ENV, auth.TOKEN_FILE_ENV)}

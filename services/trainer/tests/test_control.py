@@ -79,3 +79,49 @@ def test_control_service_refuses_a_call_without_the_token(monkeypatch, sent):
     assert auth.TOKEN_METADATA_KEY in error.details() and auth.TOKEN_ENV in error.details()
     assert token not in error.details() and "not-the-token" not in error.details()
     assert control.state == trainer_pb2.RUN_STATE_RUNNING
+
+
+async def _run_commands(run_dir, commands: list[list[str]]) -> tuple[RunControl, list[int]]:
+    """Each `rlserve run ...` command against a live control service, from a thread (the
+    CLI blocks; the service answers on this loop)."""
+    from rlserve.trainer import cli
+
+    control = RunControl(state=trainer_pb2.RUN_STATE_RUNNING, step=3, total_steps=10)
+    server, port = await serve_control(control, 0)
+    (run_dir / "control_address").write_text(f"127.0.0.1:{port}\n")
+    try:
+        codes = [await asyncio.to_thread(cli.main, command) for command in commands]
+    finally:
+        await server.stop(None)
+    return control, codes
+
+
+def test_run_commands_reach_a_running_trainer_with_the_token_its_directory_holds(
+    tmp_path, monkeypatch, capsys
+):
+    import os
+    import stat
+
+    from rlserve.trainer.run import write_private
+
+    monkeypatch.setenv(auth.TOKEN_ENV, "run-token")  # the trainer's, as a run has it
+    write_private(tmp_path / "control_token", "run-token\n")
+    assert stat.S_IMODE(os.stat(tmp_path / "control_token").st_mode) == 0o600
+    commands = [["run", action, str(tmp_path)] for action in ("status", "checkpoint", "stop")]
+    control, codes = asyncio.run(_run_commands(tmp_path, commands))
+    assert codes == [0, 0, 0]
+    out = capsys.readouterr().out
+    assert "RUN_STATE_RUNNING: step 3 of 10" in out and "stopping after step 4" in out
+    assert control.stop_requested and control.checkpoint_requested and control.checkpoint_on_stop
+    # without the token file the trainer refuses, and the command says so
+    (tmp_path / "control_token").unlink()
+    control, codes = asyncio.run(_run_commands(tmp_path, [["run", "stop", str(tmp_path)]]))
+    assert codes == [1] and not control.stop_requested
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def test_run_commands_name_a_directory_without_a_running_trainer(tmp_path, capsys):
+    from rlserve.trainer import cli
+
+    assert cli.main(["run", "status", str(tmp_path)]) == 2
+    assert "control_address does not exist" in capsys.readouterr().err

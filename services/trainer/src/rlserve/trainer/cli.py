@@ -6,6 +6,7 @@
   rlserve trace report FILE... [--step N] [--timeline PNG]  where each PPO step's time went
   rlserve service deploy|scale|remove|status|release-placement ...
                                         one service on a running cluster (service_ops.py)
+  rlserve run status|stop|checkpoint RUN_DIR  a running trainer, from another shell (run_ops.py)
   rlserve doctor [--address A] [--target HOST:PORT]
                                         every service's health, weights, memory (doctor.py)
   rlserve model import-gguf GGUF_FILE OUT_DIR [--dtype D]
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from rlserve.core.config import ConfigError, describe_config, dump_config, load_config
 from rlserve.core.run_config import RunConfig
-from rlserve.trainer import doctor, service_ops
+from rlserve.trainer import doctor, run_ops, service_ops
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         "report", help="critical path, time per service and stage, RPC overhead, timeline PNG"
     )
     service_ops.add_parser(commands)
+    run_ops.add_parser(commands)
     doctor.add_parser(commands)
     model = commands.add_parser("model", help="bring a model in")
     model_commands = model.add_subparsers(dest="model_command", required=True)
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, RuntimeError, TimeoutError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
+    if args.command == "run":
+        return run_ops.run(args)
     if args.command == "doctor":
         try:
             return doctor.run(args)

@@ -274,6 +274,9 @@ async def _train_on_services(
         }
         server, port = await serve_control(control, config.trainer.control_port, in_use)
         (run_dir / "control_address").write_text(f"127.0.0.1:{port}\n")
+        token = auth.expected_token()
+        if token is not None:  # for `rlserve run status|stop|checkpoint RUN_DIR`
+            write_private(run_dir / "control_token", token + "\n")
 
     if resume_from is not None:
         state = read_trainer_state(resume_from)
