@@ -366,6 +366,14 @@ def test_unset_batch_sizes_follow_the_ones_set():
         == 2
     )
     assert load("trainer.prompts_per_step=128").actor.ppo_mini_batch_prompts == 64
+    # a section the caller passes in is not changed under it (sections are shared)
+    from rlserve.core.run_config import ActorConfig
+
+    shared = ActorConfig()
+    eight = RunConfig.model_validate({"actor": shared, "trainer": {"prompts_per_step": 8}})
+    sixteen = RunConfig.model_validate({"actor": shared, "trainer": {"prompts_per_step": 16}})
+    assert (eight.actor.ppo_mini_batch_prompts, sixteen.actor.ppo_mini_batch_prompts) == (8, 16)
+    assert shared.ppo_mini_batch_prompts == 64
 
 
 def test_workers_must_split_the_mini_batch_evenly():

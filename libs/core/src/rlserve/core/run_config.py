@@ -959,26 +959,27 @@ class RunConfig(ConfigModel):
         """A user who sets the step's size is not made to set three: an unset mini-batch
         or micro-batch is the largest divisor of what it tiles (the step's prompts, a
         worker's share of the mini-batch) up to its default, 64; the defaults themselves
-        are kept where they fit. Runs before the checks below; the sections are frozen,
-        so the derived sizes are written in place, once, here."""
-        sections: list[ActorConfig | CriticConfig] = [self.actor]
-        if self.needs_critic:
-            sections.append(self.critic)
+        are kept where they fit. Runs before the checks below. The sections are frozen
+        and may be shared with the caller, so a section that changes is replaced by a
+        copy (written in place on this new, not yet returned config, once, here)."""
+        roles = ["actor", "critic"] if self.needs_critic else ["actor"]
         n = self.rollout.responses_per_prompt
-        for section in sections:
+        for role in roles:
+            section = getattr(self, role)
+            sizes = {}
             if "ppo_mini_batch_prompts" not in section.model_fields_set:
-                mini = _largest_divisor_up_to(
+                sizes["ppo_mini_batch_prompts"] = _largest_divisor_up_to(
                     self.trainer.prompts_per_step, _default(section, "ppo_mini_batch_prompts")
                 )
-                object.__setattr__(section, "ppo_mini_batch_prompts", mini)
-            mini_samples = section.ppo_mini_batch_prompts * n
+            mini_samples = sizes.get("ppo_mini_batch_prompts", section.ppo_mini_batch_prompts) * n
             if "micro_batch_samples" not in section.model_fields_set and (
                 mini_samples % section.workers == 0
             ):
-                micro = _largest_divisor_up_to(
+                sizes["micro_batch_samples"] = _largest_divisor_up_to(
                     mini_samples // section.workers, _default(section, "micro_batch_samples")
                 )
-                object.__setattr__(section, "micro_batch_samples", micro)
+            if sizes:
+                object.__setattr__(self, role, section.model_copy(update=sizes))
         return self
 
     @model_validator(mode="after")

@@ -257,14 +257,11 @@ class HttpScoreClient:
     async def _attempt(
         self, session: aiohttp.ClientSession, body: dict[str, Any], timeout_s: float
     ) -> float:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
         url = URL(self.url)
         try:
-            async with asyncio.timeout(timeout_s):  # the redirects share the attempt's time
+            async with asyncio.timeout(timeout_s):  # the attempt's time, redirects included
                 for _hop in range(MAX_REDIRECTS + 1):
-                    async with session.post(
-                        url, json=body, timeout=timeout, allow_redirects=False
-                    ) as response:
+                    async with session.post(url, json=body, allow_redirects=False) as response:
                         status = response.status
                         retry_after = response.headers.get("Retry-After", "")
                         location = response.headers.get("Location", "")
@@ -280,7 +277,7 @@ class HttpScoreClient:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as error:
             detail = f"{type(error).__name__}: {error}"
             raise _AttemptError("unavailable", detail, True) from None
-        except aiohttp.ClientError as error:  # bad URL, redirect loop: retrying cannot help
+        except aiohttp.ClientError as error:  # a bad URL: retrying cannot help
             raise _AttemptError("rejected", f"{type(error).__name__}: {error}", False) from None
         if status >= 500 or status in _RETRYABLE_STATUSES:
             raise _AttemptError(
