@@ -8,6 +8,7 @@ import pytest
 from rlserve.core.config import dump_config
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer import cli
+from rlserve.trainer.checkpoint import STATE_FILE, checkpoint_dir, write_trainer_state
 from rlserve.trainer.metrics import MetricsLog, read_metrics, repair_torn_tail
 
 
@@ -57,8 +58,9 @@ def test_damage_before_the_last_line_is_named(tmp_path):
 def _resumable_run(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "run1"
-    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
-    (run_dir / "checkpoints" / "step_000002" / "trainer_state.json").write_text("{}")
+    checkpoint = checkpoint_dir(run_dir, 2)
+    checkpoint.mkdir(parents=True)
+    write_trainer_state(checkpoint, {"step": 2})
     config = RunConfig.model_validate({"trainer": {"run_dir": str(runs)}})
     (run_dir / "config.yaml").write_text(dump_config(config))
     return run_dir
@@ -76,6 +78,6 @@ def test_resume_names_a_damaged_metrics_file_before_any_cluster_starts(tmp_path,
 
 def test_resume_without_a_complete_checkpoint_exits_2_naming_the_run(tmp_path, capsys):
     run_dir = _resumable_run(tmp_path)
-    (run_dir / "checkpoints" / "step_000002" / "trainer_state.json").unlink()
+    (checkpoint_dir(run_dir, 2) / STATE_FILE).unlink()
     assert cli.main(["resume", str(run_dir)]) == 2
     assert f"{run_dir} holds no complete checkpoint to resume from" in capsys.readouterr().err
