@@ -20,7 +20,7 @@ from rlserve.core.config import validate_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.ppo_math import grpo_advantages
 from rlserve.core.run_config import RunConfig
-from rlserve.trainer.checkpoint import read_trainer_state
+from rlserve.trainer.checkpoint import checkpoint_dir, latest_checkpoint, read_trainer_state
 from rlserve.trainer.data import PromptRow
 from rlserve.trainer.loop import Clients, PPOTrainer
 from rlserve.v1 import critic_pb2, reference_pb2, reward_pb2, rollout_pb2
@@ -413,3 +413,68 @@ def test_one_step_off_with_a_greedy_baseline_or_dynamic_sampling(tokenizer, tmp_
             if g.sampling.temperature == 0
         ]
         assert [g.expected_weights_version for g in greedy] == [0, 1]
+
+
+def test_a_saved_step_is_kept_as_it_is_not_written_again(tokenizer, tmp_path):
+    """The end of a run asks for the checkpoint of a step the last periodic save wrote:
+    the services are not asked again and the complete checkpoint is left untouched."""
+    trainer = _one_step_off_trainer(tokenizer, tmp_path, total_steps=1, rollout={"mode": "sync"})
+
+    async def step_and_save_twice():
+        await trainer.run_step()
+        first = await trainer.save_checkpoint()
+        written = {p: p.stat().st_mtime_ns for p in first.rglob("*")}
+        second = await trainer.save_checkpoint()
+        return first, second, written
+
+    first, second, written = asyncio.run(step_and_save_twice())
+    assert first == second == checkpoint_dir(tmp_path, 1)
+    assert len(trainer.clients.rollout.sent("SaveCheckpoint")) == 1
+    assert len(trainer.clients.critic.sent("SaveCheckpoint")) == 1
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*")} == written
+
+
+def test_a_save_failing_part_way_leaves_the_last_complete_checkpoint(tokenizer, tmp_path):
+    trainer = _one_step_off_trainer(
+        tokenizer,
+        tmp_path,
+        total_steps=3,
+        rollout={"mode": "sync"},
+        trainer={"keep_checkpoints": 1},
+    )
+    saves = []
+
+    def rollout_save(request):  # the service writes its files where it is told
+        directory = tmp_path / request.location.path
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_bytes(b"weights")
+        return rollout_pb2.RolloutServiceSaveCheckpointResponse()
+
+    def critic_save(request):
+        saves.append(request.location.path)
+        if len(saves) == 2:
+            (tmp_path / request.location.path).mkdir(parents=True)
+            (tmp_path / request.location.path / "half").write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+        return critic_pb2.CriticServiceSaveCheckpointResponse()
+
+    trainer.clients.rollout.handlers["SaveCheckpoint"] = rollout_save
+    trainer.clients.critic.handlers["SaveCheckpoint"] = critic_save
+
+    async def run():
+        await trainer.run_step()
+        await trainer.save_checkpoint()
+        await trainer.run_step()
+        with pytest.raises(OSError, match="No space"):
+            await trainer.save_checkpoint()
+        assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 1)
+        assert not checkpoint_dir(tmp_path, 2).exists()
+        return await trainer.save_checkpoint()  # the retry clears what the failure left
+
+    saved = asyncio.run(run())
+    assert saved == latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 2)
+    assert read_trainer_state(saved)["step"] == 2
+    assert not (saved / "critic" / "half").exists()
+    assert (saved / "rollout" / "model.safetensors").read_bytes() == b"weights"
+    # keep_checkpoints=1: step 1 went once step 2 was complete; no staging is left
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]

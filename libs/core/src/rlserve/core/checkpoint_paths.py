@@ -22,6 +22,7 @@ the workers' I/O is not caught (no openat-style confinement in DeepSpeed's write
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path, PurePosixPath
 
 from rlserve.core.serving import RpcError, failed_precondition, invalid_argument
@@ -126,9 +127,15 @@ def require_load_dir(directory: Path, what: str) -> None:
 
 
 def save_failed(directory: Path, error: BaseException) -> RpcError:
-    """FAILED_PRECONDITION for a save that a worker could not write (disk full...)."""
+    """FAILED_PRECONDITION for a save that a worker could not write (disk full...): the
+    writers' own errors (torch's, safetensors') rarely say why, so the free space is named."""
     reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-    return _unusable(directory, f"writing failed: {reason}"[:300])
+    reason = " ".join(reason.split())[:240]
+    try:
+        free = f"; {shutil.disk_usage(directory).free / 2**20:.1f} MiB free on its filesystem"
+    except OSError:
+        free = ""
+    return _unusable(directory, f"writing failed: {reason}{free}")
 
 
 def load_refused(directory: Path, what: str, error: BaseException) -> RpcError:

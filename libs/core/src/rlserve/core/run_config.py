@@ -804,6 +804,8 @@ class TrainerConfig(ConfigModel):
     initialisation and warm-up, the order prompts are drawn in, and sampling."""
     checkpoint_every_steps: int = Field(20, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0 = only at the end."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """How many complete checkpoints a run keeps (the newest); None keeps every one."""
     run_dir: str = "runs/embedded_default"
     """Directory for the resolved config, metrics and checkpoints."""
     ray_address: str | None = None

@@ -53,6 +53,7 @@ from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.rank_worker import RankSetup
 from rlserve.core.serving import (
     Deadline,
+    RpcError,
     failed_precondition,
     invalid_argument,
 )
@@ -256,7 +257,9 @@ class CriticController(WorkerController):
             }
             try:
                 await self.group.run_all("save_checkpoint", str(directory), client_state)
-            except OSError as error:  # disk full, permissions: the weights are untouched
+            except RpcError:  # a lost worker (UNAVAILABLE): not a write failure
+                raise
+            except Exception as error:  # disk full, permissions: the weights are untouched
                 raise save_failed(directory, error) from None
             return self.weights_version, self.last_applied_step
 

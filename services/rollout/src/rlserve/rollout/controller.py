@@ -414,7 +414,9 @@ class RolloutController:
         state = self._client_state()
         try:
             await self.workers.run_all("save_checkpoint", str(directory), state)
-        except OSError as error:  # disk full, permissions: the weights are untouched
+        except RpcError:  # a lost worker (UNAVAILABLE): not a write failure
+            raise
+        except Exception as error:  # disk full, permissions: the weights are untouched
             raise save_failed(directory, error) from None
         return self.weights_version, self.last_applied_step
 

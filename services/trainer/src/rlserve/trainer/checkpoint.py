@@ -3,8 +3,10 @@
 run_dir/checkpoints/step_000010/
     trainer_state.json   step, prompt stream position, KL controller, RNG, versions
     rollout/  critic/    written by the services' SaveCheckpoint RPCs
-A checkpoint counts only once trainer_state.json exists: it is written last, so a crash
-mid-save leaves an incomplete directory that `latest_checkpoint` skips.
+A checkpoint is written whole under a staging name (checkpoints/.partial-step_000010),
+fsynced, then renamed into place, and never written again: a save that fails part-way
+leaves only the staging directory, which `latest_checkpoint` never reads and the next
+save clears. `prune_checkpoints` keeps the newest `trainer.keep_checkpoints`.
 
 The services write rollout/ and critic/ themselves, confined to their checkpoint_root:
 the run config's `trainer.run_dir` (absolute), which holds every run of that config. The
@@ -15,16 +17,77 @@ checkpoint relative to it (`service_checkpoint_name`: "<run>/checkpoints/step_..
 import json
 import os
 import random
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 STATE_FILE = "trainer_state.json"
+_STAGING_PREFIX = ".partial-"
+_CHECKPOINT_NAME = re.compile(r"step_\d{6,}")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` is written before `commit_checkpoint` renames it."""
+    final = checkpoint_dir(run_dir, step)
+    return final.with_name(_STAGING_PREFIX + final.name)
+
+
+def start_staging(run_dir: Path, step: int) -> Path:
+    """An empty staging directory for `step`; what a failed save left there is removed."""
+    staging = staging_dir(run_dir, step)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def commit_checkpoint(staging: Path, final: Path) -> None:
+    """Makes every file under `staging` durable, then renames it to `final` (atomic on one
+    filesystem) and makes the rename durable.
+
+    Raises:
+        FileExistsError: `final` is already a complete checkpoint; it is never replaced.
+    """
+    if (final / STATE_FILE).exists():
+        raise FileExistsError(f"checkpoint {final} already exists and is never overwritten")
+    _fsync_tree(staging)
+    # An incomplete directory of that name can only be from a crash of older code
+    # (it wrote in place); it holds no usable state.
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(staging, final)
+    _fsync_path(final.parent)
+
+
+def prune_checkpoints(run_dir: Path, keep: int | None) -> list[Path]:
+    """Removes all but the newest `keep` complete checkpoints (None keeps all); the
+    removed directories."""
+    if keep is None:
+        return []
+    removed = complete_checkpoints(run_dir)[:-keep]
+    for directory in removed:
+        shutil.rmtree(directory)
+    return removed
+
+
+def _fsync_tree(root: Path) -> None:
+    for directory, _, files in os.walk(root):
+        for name in files:
+            _fsync_path(Path(directory) / name)
+        _fsync_path(Path(directory))
+
+
+def _fsync_path(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def rng_state() -> dict[str, Any]:
@@ -39,9 +102,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def write_trainer_state(directory: Path, state: dict[str, Any]) -> None:
-    tmp = directory / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(directory / STATE_FILE)
+    (directory / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
 def read_trainer_state(directory: Path) -> dict[str, Any]:
@@ -75,8 +136,15 @@ def service_checkpoint_name(runs_dir: str | Path, directory: Path, role: str) ->
         ) from None
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    complete = sorted(
-        p for p in (run_dir / "checkpoints").glob("step_*") if (p / STATE_FILE).exists()
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    return sorted(
+        p
+        for p in (run_dir / "checkpoints").glob("step_*")
+        if _CHECKPOINT_NAME.fullmatch(p.name) and (p / STATE_FILE).exists()
     )
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    complete = complete_checkpoints(run_dir)
     return complete[-1] if complete else None

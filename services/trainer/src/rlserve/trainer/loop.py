@@ -63,9 +63,13 @@ from rlserve.trainer.advantages import (
 )
 from rlserve.trainer.checkpoint import (
     checkpoint_dir,
+    commit_checkpoint,
+    complete_checkpoints,
+    prune_checkpoints,
     restore_rng,
     rng_state,
     service_checkpoint_name,
+    start_staging,
     write_trainer_state,
 )
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
@@ -705,8 +709,13 @@ class PPOTrainer:
             return await self._save_checkpoint()
 
     async def _save_checkpoint(self) -> Path:
-        directory = checkpoint_dir(self.run_dir, self.state.step)
-        directory.mkdir(parents=True, exist_ok=True)
+        """Writes the checkpoint of this step once: a step already saved (the last periodic
+        save, asked for again at the end) is kept as it is."""
+        step = self.state.step
+        final = checkpoint_dir(self.run_dir, step)
+        if final in complete_checkpoints(self.run_dir):
+            return final
+        directory = start_staging(self.run_dir, step)
         saves = [
             self.clients.rollout.call(
                 "SaveCheckpoint",
@@ -738,7 +747,10 @@ class PPOTrainer:
                 "next_generation": next_generation,
             },
         )
-        return directory
+        commit_checkpoint(directory, final)
+        for removed in prune_checkpoints(self.run_dir, self.config.trainer.keep_checkpoints):
+            logger.info("removed %s (trainer.keep_checkpoints)", removed)
+        return final
 
     async def _save_next_generation(self, directory: Path) -> dict[str, Any] | None:
         """Writes the next step's generation (one_step_off) beside the trainer state;
