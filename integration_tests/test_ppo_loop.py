@@ -6,6 +6,7 @@ import math
 import shutil
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
@@ -294,38 +295,52 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(
 
 
 def test_a_retried_update_is_not_applied_twice(serve_cluster, embedded, tmp_path):
+    """Over Serve gRPC: a retry of the step just applied, with its batch, is answered
+    from the stored result; the run's applied step sent with another batch is refused."""
     config = tiny_run_config(tmp_path, trainer={"total_steps": 1})
     inputs = run_inputs(embedded)
     fresh_services(config, inputs)
     _run(config, inputs, tmp_path, serve_cluster.grpc_address)
 
-    async def replay():
+    def update_batch(advantage: float) -> Batch:
+        ids = torch.tensor([[1, 20, 21, 22]]).repeat(8, 1)  # one mini-batch of 8 rows
+        return Batch(
+            tensors={
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "responses": ids[:, 2:],
+                "response_mask": torch.ones(8, 2, dtype=torch.int64),
+                "old_log_probs": torch.zeros(8, 2),
+                "advantages": torch.full((8, 2), advantage),
+            }
+        )
+
+    async def updates():
         client = ServiceClient(
             open_channel(serve_cluster.grpc_address),
             rollout_pb2_grpc.RolloutServiceStub,
             "rollout",
             timeout_s=120,
         )
-        before = await client.call("GetInfo", rollout_pb2.RolloutServiceGetInfoRequest())
-        # Step 0 was applied by the run; the same step again, e.g. a retry after a lost reply.
-        ids = torch.tensor([[1, 20, 21, 22]])
-        batch = Batch(
-            tensors={
-                "input_ids": ids,
-                "attention_mask": torch.ones_like(ids),
-                "responses": ids[:, 2:],
-                "response_mask": torch.ones(1, 2, dtype=torch.int64),
-                "old_log_probs": torch.zeros(1, 2),
-                "advantages": torch.ones(1, 2),
-            }
-        )
-        replayed = await client.call(
-            "UpdateActor",
-            rollout_pb2.UpdateActorRequest(step=0, batch=batch_to_proto(batch), weights_version=0),
-        )
-        after = await client.call("GetInfo", rollout_pb2.RolloutServiceGetInfoRequest())
-        return before.info, replayed, after.info
 
-    before, replayed, after = asyncio.run(replay())
-    assert before.weights_version == after.weights_version == 1
-    assert replayed.replayed and replayed.weights_version == 1
+        def update(step, version, advantage):
+            request = rollout_pb2.UpdateActorRequest(
+                step=step, batch=batch_to_proto(update_batch(advantage)), weights_version=version
+            )
+            return client.call("UpdateActor", request)
+
+        # the run applied step 0; step 0 again with this batch is someone else's
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await update(0, 0, 1.0)
+        first = await update(1, 1, 1.0)
+        again = await update(1, 1, 1.0)  # e.g. a retry after a lost reply
+        after = await client.call("GetInfo", rollout_pb2.RolloutServiceGetInfoRequest())
+        return refused.value, first, again, after.info
+
+    refused, first, again, after = asyncio.run(updates())
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "step: 0 was already applied with another batch" in refused.details()
+    assert (first.replayed, first.weights_version) == (False, 2)
+    assert (again.replayed, again.weights_version) == (True, 2)
+    assert dict(again.metrics) == dict(first.metrics)
+    assert after.weights_version == 2 and after.last_applied_step == 1

@@ -75,6 +75,13 @@ def test_updates_are_idempotent_by_step(controller, make_batch):
     _, version, replayed = run(controller.update_critic(1, make_batch(4, seed=12)))
     assert (version, replayed) == (2, False)
     assert run(controller.update_critic(0, batch))[1:] == (1, True)  # still replayable
+    # step 1 again with another batch (a second trainer's): refused, nothing trained
+    trained = values_of(controller, batch)[0]
+    with pytest.raises(RpcError) as refused:
+        run(controller.update_critic(1, make_batch(4, seed=13)))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "step: 1 was already applied with another batch" in refused.value.message
+    assert torch.equal(values_of(controller, batch)[0], trained)
 
 
 def test_reset_returns_to_the_initial_values_with_a_fresh_optimizer(

@@ -241,10 +241,14 @@ def test_replayed_step_returns_stored_result_and_does_not_train(service):
     assert again.replayed and again.metrics == first.metrics
     assert again.weights_version == first.weights_version == service.controller.weights_version
     assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
-    # replayed by step alone (the contract): another batch under that step trains nothing
+    # another batch under that step (a second trainer's) is refused, and trains nothing
     different = service.update_batch(advantage=-1.0)
-    assert service.update_actor(step, version, different) == again
+    with pytest.raises(RpcError) as refused:
+        service.update_actor(step, version, different)
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"step: {step} was already applied with another batch" in refused.value.message
     assert all(torch.equal(w, service.worker.policy_weights()[k]) for k, w in weights.items())
+    assert service.update_actor(step, version, batch) == again  # the service still serves
 
 
 def test_reset_returns_to_the_initial_weights_with_a_fresh_optimizer(process_group, tiny_model_dir):
@@ -276,15 +280,17 @@ def test_reset_returns_to_the_initial_weights_with_a_fresh_optimizer(process_gro
 
 def test_old_steps_whose_result_is_gone_are_rejected(service):
     start = service.controller.last_applied_step + 1
+    batches = {}
     for step in (start, start + 1, start + 2):  # keeps 2 results: start is dropped
-        batch = service.update_batch()
-        service.update_actor(step, service.controller.weights_version, batch)
+        batches[step] = service.update_batch()
+        service.update_actor(step, service.controller.weights_version, batches[step])
     version = service.controller.weights_version
-    error = rpc_error(lambda: service.update_actor(start, version, batch))
+    error = rpc_error(lambda: service.update_actor(start, version, batches[start]))
     assert error.code == grpc.StatusCode.FAILED_PRECONDITION
     assert error.message.startswith("step: ") and f"expects step {start + 3} next" in error.message
-    assert service.update_actor(start + 1, version, batch).replayed
-    assert service.update_actor(start + 2, version, batch).replayed
+    assert "no longer kept" in error.message
+    assert service.update_actor(start + 1, version, batches[start + 1]).replayed
+    assert service.update_actor(start + 2, version, batches[start + 2]).replayed
 
 
 def test_steps_that_skip_ahead_are_refused_and_poison_nothing(service):

@@ -478,3 +478,34 @@ def test_a_save_failing_part_way_leaves_the_last_complete_checkpoint(tokenizer, 
     assert (saved / "rollout" / "model.safetensors").read_bytes() == b"weights"
     # keep_checkpoints=1: step 1 went once step 2 was complete; no staging is left
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]
+
+
+def _trainer_with_actor_update(tokenizer, tmp_path, update_actor) -> PPOTrainer:
+    trainer = _one_step_off_trainer(tokenizer, tmp_path, total_steps=2, rollout={"mode": "sync"})
+    trainer.clients.rollout.handlers["UpdateActor"] = update_actor
+    return trainer
+
+
+def test_a_replayed_update_at_the_weights_the_step_makes_is_counted(tokenizer, tmp_path):
+    def replayed(request):
+        response = _update_actor(request)
+        response.replayed = True
+        return response
+
+    trainer = _trainer_with_actor_update(tokenizer, tmp_path, replayed)
+    metrics = asyncio.run(trainer.run_step())
+    assert metrics["replayed_updates"] == 1.0 and trainer.state.weights_version == 1
+
+
+def test_a_replay_reporting_other_weights_stops_the_run(tokenizer, tmp_path):
+    """Something else moved the actor on since: training on is training from its batch."""
+
+    def replayed_elsewhere(request):
+        response = _update_actor(request)
+        response.replayed, response.weights_version = True, request.weights_version + 3
+        return response
+
+    trainer = _trainer_with_actor_update(tokenizer, tmp_path, replayed_elsewhere)
+    with pytest.raises(RuntimeError, match="another trainer is updating the service"):
+        asyncio.run(trainer.run_step())
+    assert trainer.state.weights_version == 0

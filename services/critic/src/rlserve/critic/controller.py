@@ -13,8 +13,9 @@ Choices:
   version its values were computed with and updates never interleave.
 - UpdateCritic is idempotent by step (rlserve.core.steps.StepLedger, the rule every
   stateful service shares): the next step (last applied + 1) trains; a kept applied step
-  returns its stored metrics and version with replayed=true and trains nothing; any
-  other step is FAILED_PRECONDITION naming the expected step.
+  sent with the batch it applied returns its stored metrics and version with
+  replayed=true and trains nothing; the same step with another batch, and any other
+  step, is FAILED_PRECONDITION.
 - Checkpoints live under the configured checkpoint_root, named by relative paths
   (rlserve.core.checkpoint_paths). A load first has every rank read its state files
   weights-only, changing nothing, so a missing, corrupt or code-carrying checkpoint is
@@ -34,6 +35,7 @@ Choices:
   × input_ids columns) are checked before any work.
 """
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +59,7 @@ from rlserve.core.serving import (
     failed_precondition,
     invalid_argument,
 )
-from rlserve.core.steps import StepLedger
+from rlserve.core.steps import StepLedger, batch_fingerprint
 from rlserve.core.training import (
     DEEPSPEED_SUBDIR,
     DS_CHECKPOINT_TAG,
@@ -75,6 +77,7 @@ from rlserve.critic.requests import (
     update_batch,
 )
 
+logger = logging.getLogger(__name__)
 # Results of this many most recent applied steps stay replayable (and go into checkpoints).
 REPLAY_HISTORY_STEPS = 64
 NO_DEADLINE = Deadline()
@@ -163,10 +166,12 @@ class CriticController(WorkerController):
             raise invalid_argument("step", f"must be >= 0, got {step}")
         deadline.check("UpdateCritic")
         vocab_size = await self.vocab_size()
+        fingerprint = batch_fingerprint(batch)
 
         async def work() -> tuple[dict[str, float], int, bool]:
-            stored = self.steps.replay_or_require_next(step)
+            stored = self.steps.replay_or_require_next(step, fingerprint)
             if stored is not None:
+                logger.info("UpdateCritic step %d replayed (the same batch, applied before)", step)
                 metrics, version = stored
                 return metrics, version, True
             self.access.check_usable()
@@ -184,7 +189,7 @@ class CriticController(WorkerController):
                 self.access.mark_broken(f"UpdateCritic step {step}", error)
                 raise
             self.weights_version += 1
-            self.steps.record(step, (metrics, self.weights_version))
+            self.steps.record(step, fingerprint, (metrics, self.weights_version))
             return metrics, self.weights_version, False
 
         return await self.access.run(f"UpdateCritic step {step}", work, deadline, atomic=True)
@@ -251,8 +256,8 @@ class CriticController(WorkerController):
                 "weights_version": self.weights_version,
                 "last_applied_step": self.last_applied_step,
                 "applied": [
-                    [step, metrics, version]
-                    for step, (metrics, version) in self.steps.results().items()
+                    [step, metrics, version, fingerprint]
+                    for step, fingerprint, (metrics, version) in self.steps.entries()
                 ],
             }
             try:
@@ -320,7 +325,7 @@ CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "applied")
 """What SaveCheckpoint stores beside the weights (DeepSpeed's client_state)."""
 
 
-def _parse_client_state(state: dict[str, Any]) -> tuple[int, int, list[tuple[int, Any]]]:
+def _parse_client_state(state: dict[str, Any]) -> tuple[int, int, list[tuple[int, str, Any]]]:
     """(weights_version, last_applied_step, applied-step ledger) of a checkpoint, read
     before anything loads: ValueError naming what is wrong, so a checkpoint that cannot
     restore them is refused while the critic still holds its own weights."""
@@ -328,9 +333,15 @@ def _parse_client_state(state: dict[str, Any]) -> tuple[int, int, list[tuple[int
     if missing:
         raise ValueError(f"its client state lacks {missing}")
     try:
+        # entries of checkpoints from before fingerprints have three fields: their
+        # steps are never replayed (no batch matches "")
         applied = [
-            (int(step), (dict(metrics), int(version)))
-            for step, metrics, version in state["applied"]
+            (
+                int(entry[0]),
+                str(entry[3]) if len(entry) > 3 else "",
+                (dict(entry[1]), int(entry[2])),
+            )
+            for entry in state["applied"]
         ]
         return int(state["weights_version"]), int(state["last_applied_step"]), applied
     except (TypeError, ValueError) as error:

@@ -8,10 +8,10 @@ It owns what is service-wide rather than per rank:
   policies are never silently mixed.
 - **Idempotent updates.** An UpdateActor carries its step, checked by
   rlserve.core.steps.StepLedger (the rule every stateful service shares): the next step
-  (last applied + 1) trains; a kept applied step (the last `kept_update_results`) gets
-  its stored result with replayed=true and trains nothing, whatever batch and version it
-  carries (a retry carries the version its update consumed; a different batch is logged
-  as a likely caller bug); any other step is FAILED_PRECONDITION naming the expected one.
+  (last applied + 1) trains; a kept applied step (the last `kept_update_results`) sent
+  with the batch it applied gets its stored result with replayed=true and trains nothing,
+  whatever version it carries (a retry carries the version its update consumed); the
+  same step with another batch, and any other step, is FAILED_PRECONDITION.
 - **Temperature.** Log-probs are taken under softmax(logits / T). GenerateSequences
   stamps its batch's meta with the sampling temperature (`temperature`; 1 for greedy),
   and ComputeLogProb / UpdateActor use the T their batch's meta carries, else the
@@ -49,7 +49,6 @@ It owns what is service-wide rather than per rank:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -71,7 +70,7 @@ from rlserve.core.checkpoint_paths import (
 from rlserve.core.config import fields_from
 from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
-from rlserve.core.steps import StepLedger
+from rlserve.core.steps import StepLedger, batch_fingerprint
 from rlserve.core.training import UnsafeCheckpointError, minibatch_indices
 from rlserve.core.validation import TEMPERATURE_META_KEY, scoring_temperature
 from rlserve.rollout.config import RolloutServiceConfig
@@ -136,7 +135,6 @@ class UpdateRecord:
     step: int
     weights_version: int
     metrics: dict[str, float]
-    fingerprint: str
     scores: Batch | None = None
 
 
@@ -352,16 +350,9 @@ class RolloutController:
     ) -> UpdateResult:
         settings = self.settings
         self.access.check_usable()
-        stored = self.steps.replay_or_require_next(step)
+        stored = self.steps.replay_or_require_next(step, fingerprint)
         if stored is not None:
-            if stored.fingerprint != fingerprint:
-                # The contract replays by step alone; a different batch under an
-                # applied step is most likely a caller's bug, so say so in the log.
-                logger.warning(
-                    "UpdateActor step %d replayed, but its batch differs from the one "
-                    "applied; the new batch was not trained on",
-                    step,
-                )
+            logger.info("UpdateActor step %d replayed (the same batch, applied before)", step)
             return UpdateResult(
                 stored.metrics, stored.weights_version, replayed=True, scores=stored.scores
             )
@@ -393,8 +384,8 @@ class RolloutController:
         metrics["update_s"] = time.perf_counter() - start
         metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
         self.weights_version += 1
-        record = UpdateRecord(step, self.weights_version, metrics, fingerprint, scores)
-        self.steps.record(step, record)
+        record = UpdateRecord(step, self.weights_version, metrics, scores)
+        self.steps.record(step, fingerprint, record)
         return UpdateResult(metrics, self.weights_version, replayed=False, scores=scores)
 
     async def save_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
@@ -545,8 +536,8 @@ class RolloutController:
             "weights_version": self.weights_version,
             "last_applied_step": self.last_applied_step,
             "updates": [
-                [r.step, r.weights_version, dict(r.metrics), r.fingerprint]
-                for r in self.steps.results().values()
+                [r.step, r.weights_version, dict(r.metrics), fingerprint]
+                for _, fingerprint, r in self.steps.entries()
             ],
         }
 
@@ -559,7 +550,7 @@ CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "updates")
 class ClientState:
     weights_version: int
     last_applied_step: int
-    updates: list[tuple[int, UpdateRecord]]
+    updates: list[tuple[int, str, UpdateRecord]]
 
 
 def _parse_client_state(state: dict[str, Any]) -> ClientState:
@@ -574,7 +565,7 @@ def _parse_client_state(state: dict[str, Any]) -> ClientState:
             weights_version=int(state["weights_version"]),
             last_applied_step=int(state["last_applied_step"]),
             updates=[
-                (int(step), UpdateRecord(int(step), int(version), dict(metrics), str(fpr)))
+                (int(step), str(fpr), UpdateRecord(int(step), int(version), dict(metrics)))
                 for step, version, metrics, fpr in state["updates"]
             ],
         )
@@ -620,20 +611,6 @@ def with_mini_batch_counts(shares: list[Batch], share_rows: int) -> list[Batch]:
         }
         counted.append(Batch({**share.tensors, **extra}, share.non_tensors, share.meta))
     return counted
-
-
-def batch_fingerprint(batch: Batch) -> str:
-    """sha256 of a batch's tensors (name, dtype, shape, bytes) and non-tensors; meta ignored.
-    Hashes the tensors' own memory (a buffer view), never a copy of it."""
-    digest = hashlib.sha256()
-    for key in sorted(batch.tensors):
-        tensor = batch.tensors[key].detach().to("cpu").contiguous()
-        digest.update(f"{key}|{tensor.dtype}|{list(tensor.shape)}|".encode())
-        if tensor.numel():
-            digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
-    for key in sorted(batch.non_tensors):
-        digest.update(f"{key}|{batch.non_tensors[key]!r}|".encode())
-    return digest.hexdigest()
 
 
 def _in_request_order(parts: list[Batch], plan: list[torch.Tensor], rows: int) -> Batch:

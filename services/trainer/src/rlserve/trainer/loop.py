@@ -609,6 +609,7 @@ class PPOTrainer:
         update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
         timings["time/update_wall_s"] = time.perf_counter() - update_started
         actor_update, update_scores = update_results["update_actor"]
+        replayed_updates = self._check_updates(step, update_results)
         self.state.weights_version = actor_update.weights_version
 
         mask = batch["response_mask"].float()
@@ -651,6 +652,7 @@ class PPOTrainer:
             "returns_mean": float(adv_metrics["returns_mean"]),
             "weights_version": float(self.state.weights_version),
             "staleness": float(staleness),
+            "replayed_updates": replayed_updates,
             "samples": float(len(batch)),
             "tokens_per_s": (response_tokens + float(batch["attention_mask"].sum())) / step_s,
             "episodes_per_s": len(batch) / step_s,
@@ -681,6 +683,31 @@ class PPOTrainer:
         self.state.step = step + 1
         self.state.last_metrics = metrics
         return metrics
+
+    def _check_updates(self, step: int, update_results: dict[str, Any]) -> float:
+        """How many of the step's updates were answered as replays (retries of a call
+        whose first answer was lost). A service answers a replay only for the batch it
+        applied, so a replay is sound when it reports the weights this step makes; one
+        that reports others means something else updated the service since.
+
+        Raises:
+            RuntimeError: an update answered weights other than the ones this step makes.
+        """
+        replayed = 0
+        expected = {"update_actor": self.state.weights_version + 1}
+        for name, (response, _) in update_results.items():
+            if not response.replayed:
+                continue
+            replayed += 1
+            logger.info("step %d: %s answered a replay of the batch it applied", step, name)
+            wanted = expected.get(name)
+            if wanted is not None and response.weights_version != wanted:
+                raise RuntimeError(
+                    f"step {step}: {name} answered a replay at weights version "
+                    f"{response.weights_version}, but this step makes version {wanted}: "
+                    "another trainer is updating the service; stop it, then resume this run"
+                )
+        return float(replayed)
 
     # --- evaluation and checkpoints ---------------------------------------------------
 
