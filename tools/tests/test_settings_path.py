@@ -57,7 +57,7 @@ DERIVED = {
        "max_request_tokens", "torch_threads_per_worker", "serve_reference"},
     "critic": set(TrainingDeployment.model_fields),
     "reference": set(WorkerDeployment.model_fields) | {"temperature"},
-    "reward": {"num_cpus_per_replica", "placement", "tracing"},
+    "reward": {"num_cpus_per_replica", "placement", "tracing", "auth"},
 }  # fmt: skip
 EVERY_ROLE_PLACED = {
     "pools": {"gpu": {}},

@@ -184,3 +184,19 @@ def test_rpc_method_without_a_token_accepts_every_call(no_token):
     outcomes = asyncio.run(_calls(servicer, [[("application", "reward")]]))
     assert all(isinstance(o, reward_pb2.ComputeRewardResponse) for o in outcomes)
     assert servicer.calls == 2
+
+
+def test_a_server_without_a_token_starts_only_when_told_auth_none(monkeypatch):
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    with pytest.raises(auth.AuthConfigError) as refused:
+        auth.server_auth_mode("token", "critic")
+    message = str(refused.value)
+    assert "the critic service has no token" in message
+    assert auth.TOKEN_ENV in message and "auth: none" in message
+    assert auth.server_auth_mode("none", "critic") == "none"
+    with pytest.raises(auth.AuthConfigError, match="not one of token, none"):
+        auth.server_auth_mode("off", "critic")
+    monkeypatch.setenv(auth.TOKEN_ENV, "tok-123")
+    assert auth.server_auth_mode("token", "critic") == "token"
+    assert auth.server_auth_mode("none", "critic") == "token"  # a token is always checked

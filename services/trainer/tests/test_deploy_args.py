@@ -321,3 +321,23 @@ def test_auto_engine_generates_a_large_model_with_vllm_where_installed(large_mod
         RunConfig, {"model": {"path": large_model}, "rollout": {"engine": "hf"}}
     )
     assert service_args(chosen, large_model)["rollout"]["engine"] == "hf"
+
+
+def test_every_service_gets_the_runs_auth_mode(tmp_path):
+    for mode in ("token", "none"):
+        config = validate_config(RunConfig, {"trainer": {"service_auth": mode}})
+        args = service_args(config, str(tmp_path))
+        assert args and {role: a["auth"] for role, a in args.items()} == dict.fromkeys(args, mode)
+
+
+def test_a_run_on_a_cluster_without_a_token_stops_before_joining_it(monkeypatch, tmp_path):
+    from rlserve.core import auth
+    from rlserve.trainer.run import start_ray
+
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    config = validate_config(
+        RunConfig, {"trainer": {"ray_address": "ray://10.0.0.1:10001", "serve_grpc_port": 9000}}
+    )
+    with pytest.raises(auth.AuthConfigError, match=r"trainer\.service_auth=none"):
+        start_ray(config, tmp_path)  # refused before it tries to reach the address

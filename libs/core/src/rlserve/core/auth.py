@@ -13,8 +13,10 @@ Where the token comes from, on servers and clients alike:
   another directory), read once per process, surrounding whitespace stripped. A
   missing, unreadable or empty file is an error naming the variable. When both are set,
   `RLSERVE_AUTH_TOKEN` wins.
-- Neither (or an empty `RLSERVE_AUTH_TOKEN`): no token. A server without one accepts
-  every call, as before tokens existed; a client without one sends none.
+- Neither (or an empty `RLSERVE_AUTH_TOKEN`): no token. A client without one sends none.
+  A service without one refuses to start (`server_auth_mode`), unless its config says
+  `auth: none`: then, and only then, it answers every caller. So a node that joined
+  without the token file cannot serve unauthenticated by accident.
 
 `rlserve train` generates a token per run (`generate_token`) for a cluster it starts
 itself; Serve replicas inherit it from the process that starts Ray. deploy/ray/ scripts
@@ -42,8 +44,33 @@ TOKEN_FILE_ENV = "RLSERVE_AUTH_TOKEN_FILE"
 TOKEN_METADATA_KEY = "rlserve-token"
 
 
+AUTH_MODES = ("token", "none")
+
+
 class AuthConfigError(RuntimeError):
-    """The token settings cannot be used (unreadable file, a character gRPC refuses)."""
+    """The token settings cannot be used (unreadable file, a character gRPC refuses, no
+    token for a service that requires one)."""
+
+
+def server_auth_mode(configured: str, service: str) -> str:
+    """The mode a service starting now checks its callers in: "token" whenever this
+    process has a token, "none" only when it has none and its config says `auth: none`.
+
+    Raises:
+        AuthConfigError: no token and `configured` is "token" (the default).
+    """
+    if configured not in AUTH_MODES:
+        raise AuthConfigError(f"auth: {configured!r} is not one of {', '.join(AUTH_MODES)}")
+    if expected_token() is not None:
+        return "token"
+    if configured == "none":
+        return "none"
+    raise AuthConfigError(
+        f"the {service} service has no token: neither {TOKEN_ENV} nor {TOKEN_FILE_ENV} is "
+        f"set in its environment (on its node), so it would answer anyone who reaches its "
+        f"port. Set one of them on every node (deploy/ray/start-*.sh write the token file), "
+        f"or deploy the service with `auth: none` to accept unauthenticated calls on purpose"
+    )
 
 
 def generate_token() -> str:

@@ -845,6 +845,11 @@ class TrainerConfig(ConfigModel):
     serve_grpc_port: int = Field(0, ge=0, le=65535)
     """Port of Serve's gRPC proxy, where the services answer; 0 picks a free port (local
     cluster only: with ray_address set, give the port the cluster's Serve uses)."""
+    service_auth: Literal["token", "none"] = "token"
+    """The `auth` of every service the run deploys: "token" (each call carries the
+    cluster's token; a service without one refuses to start, and so does a run on
+    ray_address whose trainer has none) or "none" (services without a token answer
+    anyone who reaches their port: for a cluster nobody else can reach)."""
 
     @model_validator(mode="after")
     def _remote_cluster_names_its_port(self) -> TrainerConfig:

@@ -13,6 +13,8 @@ for that service alone.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigModel
@@ -31,7 +33,17 @@ class StageThreads(ConfigModel):
     update: int = Field(1, ge=1)
 
 
-class WorkerDeployment(WorkerSettings):
+class ServiceAuth(ConfigModel):
+    """How a service checks its callers (every service's config has it)."""
+
+    auth: Literal["token", "none"] = "token"
+    """"token": every call must carry the cluster's token (rlserve.core.auth), and a
+    service whose environment has none refuses to start. "none": a service without a
+    token answers every caller who reaches its port (a token in its environment is
+    still required of callers)."""
+
+
+class WorkerDeployment(WorkerSettings, ServiceAuth):
     """Where and on what a worker service runs."""
 
     model_path: str

@@ -15,6 +15,7 @@ from importlib.metadata import version
 
 from ray import serve
 
+from rlserve.core.auth import server_auth_mode
 from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
 from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
@@ -40,6 +41,7 @@ class CriticDeployment(BatchCalls):
     """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint, Reset."""
 
     def __init__(self, config: CriticServiceConfig):
+        self.auth_mode = server_auth_mode(config.auth, "critic")
         setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = controller_for(
@@ -88,6 +90,7 @@ class CriticDeployment(BatchCalls):
                 for w in workers
             ],
             rlserve_version=version("rlserve-critic"),
+            auth_mode=self.auth_mode,
             settings_json=settings_json(self.config),
         )
         return critic_pb2.CriticServiceGetInfoResponse(info=info)

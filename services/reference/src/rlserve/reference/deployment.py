@@ -12,6 +12,7 @@ from importlib.metadata import version
 
 from ray import serve
 
+from rlserve.core.auth import server_auth_mode
 from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
 from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
@@ -33,6 +34,7 @@ class ReferenceDeployment(BatchCalls):
     """ReferenceService: ComputeRefLogProb, GetInfo."""
 
     def __init__(self, config: ReferenceServiceConfig):
+        self.auth_mode = server_auth_mode(config.auth, "reference")
         setup_replica_tracing("reference", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = controller_for(
@@ -72,6 +74,7 @@ class ReferenceDeployment(BatchCalls):
                 for w in workers
             ],
             rlserve_version=version("rlserve-reference"),
+            auth_mode=self.auth_mode,
             settings_json=settings_json(self.config),
         )
         return reference_pb2.ReferenceServiceGetInfoResponse(info=info)

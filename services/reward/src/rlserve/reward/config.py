@@ -34,6 +34,7 @@ from pydantic import Field, model_validator
 from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.reward_settings import RewardKindsConfig, RewardSettings
 from rlserve.core.run_config import TracingConfig
+from rlserve.core.service_config import ServiceAuth
 from rlserve.reward.rules import resolve_rule
 
 # Resources Ray schedules by their own options; a custom resource must not shadow them.
@@ -72,7 +73,7 @@ class PlacementConfig(ConfigModel):
         return self
 
 
-class RewardServiceConfig(RewardSettings):
+class RewardServiceConfig(RewardSettings, ServiceAuth):
     """The reward service: kinds with weights, batch limit, replicas and placement."""
 
     kinds: RewardKindsConfig

@@ -20,6 +20,7 @@ import ray
 import torch
 from ray import serve
 
+from rlserve.core.auth import server_auth_mode
 from rlserve.core.batch import Batch
 from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json, validate_config
@@ -44,6 +45,7 @@ class RewardDeployment(BatchCalls):
     def __init__(self, config: dict) -> None:
         # A plain dict crosses to the replica; validating again here keeps one code path.
         self._config = validate_config(RewardServiceConfig, config)
+        self.auth_mode = server_auth_mode(self._config.auth, "reward")
         setup_replica_tracing("reward", self._config.tracing)
         torch.set_num_threads(self._config.torch_threads)
         self._engine = build_engine(self._config)
@@ -83,6 +85,7 @@ class RewardDeployment(BatchCalls):
                 )
             ],
             rlserve_version=_package_version(),
+            auth_mode=self.auth_mode,
             settings_json=settings_json(self._config),
         )
         return reward_pb2.RewardServiceGetInfoResponse(

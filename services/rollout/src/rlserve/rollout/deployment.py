@@ -18,6 +18,7 @@ from importlib.metadata import version as package_version
 
 from ray import serve
 
+from rlserve.core.auth import server_auth_mode
 from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
 from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
@@ -56,6 +57,7 @@ class RolloutDeployment(BatchCalls):
     """The actor service: generation, log-probs and PPO updates over DP ActorWorkers."""
 
     def __init__(self, config: RolloutServiceConfig):
+        self.auth_mode = server_auth_mode(config.auth, ROLE)
         setup_replica_tracing(ROLE, config.tracing)  # before the workers: they inherit it
         self.config = config
         workers = WorkerGroup.for_service(
@@ -143,6 +145,7 @@ class RolloutDeployment(BatchCalls):
                 last_applied_step=info["last_applied_step"],
                 workers=[common_pb2.WorkerInfo(**worker) for worker in info["workers"]],
                 rlserve_version=package_version("rlserve-rollout"),
+                auth_mode=self.auth_mode,
                 settings_json=settings_json(self.config),
             )
         )

@@ -120,7 +120,8 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         for role, threads in stage_thread_plan(config, apps, node_cpus).items():
             apps[role]["stage_threads"] = threads
     tracing = config.trainer.tracing.model_dump()
-    return {role: {**args, "tracing": tracing} for role, args in apps.items()}
+    auth_mode = config.trainer.service_auth
+    return {role: {**args, "tracing": tracing, "auth": auth_mode} for role, args in apps.items()}
 
 
 def stage_thread_plan(

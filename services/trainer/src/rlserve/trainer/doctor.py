@@ -1,7 +1,8 @@
 """`rlserve doctor`: one look at a running cluster's services.
 
-For every Serve app: Serve's status, the service's own answer to GetInfo (health,
-weights version, last applied step; through the gRPC proxy with the cluster's token,
+For every Serve app: Serve's status, the service's own answer to GetInfo (health, how
+it checks callers (token, or none when deployed with auth: none), weights version,
+last applied step; through the gRPC proxy with the cluster's token,
 one try within --timeout-s), and each of its processes — replicas and their workers —
 with node, pid and resident memory, measured from outside (rlserve.core.resources) so
 that a busy or hung replica is measured too; then the object store's use. Exit status 1
@@ -127,15 +128,19 @@ def format_report(report: ClusterReport) -> str:
         f"proxy {report.proxy_address}; object store {store.used_bytes / _MIB:.1f} MiB used "
         f"of {store.capacity_bytes / _MIB:.0f} MiB ({store.objects} objects)",
         "",
-        f"{'APP':<12} {'SERVE':<10} {'HEALTH':<9} {'WEIGHTS':>7} {'STEP':>5}  "
+        f"{'APP':<12} {'SERVE':<10} {'HEALTH':<9} {'AUTH':<6} {'WEIGHTS':>7} {'STEP':>5}  "
         f"{'PROCESS':<16} {'NODE':<8} {'PID':>7} {'RESIDENT':>12}",
     ]
     for app in report.apps:
         health = "-" if app.role is None else ("ok" if not app.problem else "FAILING")
-        weights = step = "-"
+        weights = step = auth_mode = "-"
         if app.info is not None:
             weights, step = str(app.info.weights_version), str(app.info.last_applied_step)
-        head = f"{app.name:<12} {app.serve_status:<10} {health:<9} {weights:>7} {step:>5}  "
+            auth_mode = app.info.auth_mode or "?"  # "?": a service older than the field
+        head = (
+            f"{app.name:<12} {app.serve_status:<10} {health:<9} {auth_mode:<6} {weights:>7} "
+            f"{step:>5}  "
+        )
         if not app.processes:
             lines.append(head + "(no live process)")
         for index, process in enumerate(app.processes):

@@ -432,11 +432,18 @@ def start_ray(config: RunConfig, run_dir: Path) -> bool:
         console.print(f"local Ray cluster started; logs under {temp_dir}/session_latest/logs")
         return True
     if auth.expected_token() is None:
+        if config.trainer.service_auth == "token":
+            raise auth.AuthConfigError(
+                f"neither {auth.TOKEN_ENV} nor {auth.TOKEN_FILE_ENV} is set, and the services "
+                f"require the cluster's token (trainer.service_auth=token): set one of them to "
+                f"the token the cluster's nodes hold (deploy/ray/start-head.sh wrote it), or "
+                f"run with trainer.service_auth=none on a cluster nobody else can reach"
+            )
         console.print(
-            f"[yellow]warning:[/] neither {auth.TOKEN_ENV} nor {auth.TOKEN_FILE_ENV} is set: "
-            f"the trainer sends no token, so the services must accept unauthenticated calls "
-            f"(anyone who reaches port {config.trainer.serve_grpc_port} can call them); "
-            f"see deploy/README.md, Authentication"
+            f"[yellow]warning:[/] trainer.service_auth=none and no {auth.TOKEN_ENV}: the "
+            f"services accept unauthenticated calls (anyone who reaches port "
+            f"{config.trainer.serve_grpc_port} can call them); see deploy/README.md, "
+            f"Authentication"
         )
     connect_ray(config.trainer.ray_address)
     return False
