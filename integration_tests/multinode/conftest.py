@@ -22,6 +22,8 @@ FAKE_GPUS_PER_NODE = 4
 class PoolCluster:
     grpc_address: str
     labels_by_node: dict[str, dict[str, str]]
+    raylet_pids: dict[str, int]
+    """Each node's raylet process, by node id (to stall a node on purpose)."""
 
     def nodes_in(self, pool: str) -> set[str]:
         return {
@@ -71,7 +73,11 @@ def pool_cluster() -> Iterator[PoolCluster]:
     labels = {
         node["NodeID"]: dict(node.get("Labels") or {}) for node in ray.nodes() if node["Alive"]
     }
-    yield PoolCluster(grpc_address=f"127.0.0.1:{grpc_port}", labels_by_node=labels)
+    raylets = {
+        node.node_id: node.all_processes["raylet"][0].process.pid
+        for node in cluster.list_all_nodes()
+    }
+    yield PoolCluster(f"127.0.0.1:{grpc_port}", labels, raylets)
     serve.shutdown()
     ray.shutdown()
     cluster.shutdown()

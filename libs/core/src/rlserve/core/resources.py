@@ -10,6 +10,7 @@ A worker actor belongs to the replica that created it: Ray records each actor's 
 address, and a worker's owner address is its replica's own address.
 """
 
+import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 _MIB = 1 << 20
+MEASURE_TIMEOUT_S = 10.0
+"""How long a node's memory reading may take before it is given up for this time."""
+logger = logging.getLogger(__name__)
 # Ray names a replica's actor class ServeReplica:<app>:<deployment>
 REPLICA_CLASS_PREFIX = "ServeReplica:"
 
@@ -92,9 +96,13 @@ def service_memory() -> list[ProcessMemory]:
     return sorted(rows, key=lambda row: (row.app, row.kind != "replica", row.kind, row.pid))
 
 
-def _measure(processes: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+def _measure(
+    processes: set[tuple[str, int]], timeout_s: float = MEASURE_TIMEOUT_S
+) -> dict[tuple[str, int], int]:
     """Resident bytes of each (node id, pid): this node's read here, others' by a task
-    pinned to their node."""
+    pinned to their node. A node whose task has not answered within `timeout_s` (it
+    cannot start one: a stalled raylet, no worker process to be had) reads -1 for its
+    processes and is logged by name, rather than stalling the caller."""
     by_node: dict[str, list[int]] = defaultdict(list)
     for node_id, pid in processes:
         by_node[node_id].append(pid)
@@ -109,8 +117,23 @@ def _measure(processes: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
             pending[node_id] = _resident_bytes_on_node.options(scheduling_strategy=strategy).remote(
                 pids
             )
+    if pending:
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=timeout_s)
+        answered = {ref.hex() for ref in ready}
     for node_id, ref in pending.items():
-        sizes.update(zip(((node_id, pid) for pid in by_node[node_id]), ray.get(ref), strict=True))
+        pids = by_node[node_id]
+        if ref.hex() in answered:
+            sizes.update(zip(((node_id, pid) for pid in pids), ray.get(ref), strict=True))
+            continue
+        logger.warning(
+            "node %s did not report its processes' memory within %.0f s (it cannot start a "
+            "task); its %d processes read as unmeasured",
+            node_id,
+            timeout_s,
+            len(pids),
+        )
+        ray.cancel(ref, force=False)
+        sizes.update(((node_id, pid), -1) for pid in pids)
     return sizes
 
 

@@ -340,7 +340,8 @@ async def _train_on_services(
                     if every_eval and step % every_eval == 0:
                         metrics.update(await trainer.evaluate())
                     if every_resources and step % every_resources == 0:
-                        metrics.update(_resource_metrics())
+                        # off the event loop: the control service keeps answering
+                        metrics.update(await asyncio.to_thread(_resource_metrics))
                     log.write(step, metrics)
                     if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
                         control.checkpoint_requested = False
