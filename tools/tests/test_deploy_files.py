@@ -328,6 +328,46 @@ def test_every_ray_container_has_both_tokens_and_no_usage_stats(raycluster: dict
         assert secret == {"name": "rlserve-auth", "key": "token"}, container["name"]
 
 
+def test_pods_run_unprivileged_and_only_the_head_mounts_a_service_account_token(
+    raycluster: dict[str, Any],
+):
+    spec = raycluster["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]
+    # the in-tree autoscaler runs as a sidecar of the head pod and calls the Kubernetes API
+    assert spec["enableInTreeAutoscaling"] and head["automountServiceAccountToken"] is True
+    for group in spec["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, group["groupName"]
+    for pod in [head, *(g["template"]["spec"] for g in spec["workerGroupSpecs"])]:
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in containers(spec):
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+
+
+def test_network_policy_admits_only_the_clusters_pods_and_the_operator(
+    raycluster: dict[str, Any],
+):
+    policy = load_yaml(KUBERAY_DIR / "networkpolicy.yaml")
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    pod_labels = raycluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"]
+    groups = [raycluster["spec"]["headGroupSpec"], *raycluster["spec"]["workerGroupSpecs"]]
+    assert all(g["template"]["metadata"]["labels"] == pod_labels for g in groups)
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": pod_labels}  # every rlserve pod
+    assert "Ingress" in spec["policyTypes"]
+    own_pods, operator = spec["ingress"]
+    # the pods reach each other on every port (Ray, Serve gRPC, direct ingress, gloo) ...
+    assert own_pods == {"from": [{"podSelector": {"matchLabels": pod_labels}}]}
+    # ... and the operator only the dashboard; nobody else is admitted
+    (source,) = operator["from"]
+    assert set(source) == {"namespaceSelector"}
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+
+
 def test_head_group_has_no_gpu_no_pool_and_serves_grpc(raycluster: dict, all_yaml: dict):
     head = raycluster["spec"]["headGroupSpec"]
     params = head["rayStartParams"]
