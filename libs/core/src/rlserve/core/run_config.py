@@ -838,6 +838,10 @@ class TrainerConfig(ConfigModel):
     0 picks a free port (written to run_dir/control_address), None serves none."""
     deploy_timeout_s: float = Field(300.0, gt=0)
     """Longest wait for the services to be deployed and running, in seconds."""
+    resource_shortfall_timeout_s: float | None = Field(15.0, gt=0)
+    """Longest wait, while deploying, on a replica or worker that no node has the free
+    resources for; then the run fails naming what is pending and what each node offers.
+    None waits up to deploy_timeout_s (a cluster whose autoscaler adds nodes)."""
     replace_deployed_services: bool = False
     """On a cluster where a service is already deployed with other settings than this run
     asks for, replace it with this run's (true) or stop before deploying and list the

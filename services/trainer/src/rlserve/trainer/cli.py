@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from rlserve.core.auth import AuthConfigError
-    from rlserve.trainer.deploy import ServiceSettingsConflict
+    from rlserve.core.placement import PlacementError
+    from rlserve.trainer.deploy import ResourceShortfallError, ServiceSettingsConflict
     from rlserve.trainer.loop import NoInformativeGroups
     from rlserve.trainer.run import ResumeError, new_run_dir, print_summary, train
 
@@ -144,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:  # checks that need the model or data (e.g. its context)
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    except (ServiceSettingsConflict, ResumeError, AuthConfigError) as error:
+    except (
+        ServiceSettingsConflict,
+        ResumeError,
+        AuthConfigError,
+        ResourceShortfallError,
+        PlacementError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except NoInformativeGroups as error:  # the run stopped; its checkpoints resume it

@@ -7,6 +7,7 @@ the run's `trainer.tracing` as its `tracing` arg, so one setting traces the whol
 """
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -32,6 +33,7 @@ from rlserve.core.run_config import (
     RunConfig,
     model_weight_bytes,
 )
+from rlserve.core.shortfall import Shortfall, resource_shortfall
 from rlserve.trainer.checkpoint import services_checkpoint_root
 
 
@@ -288,8 +290,22 @@ def settings_differences(
     return lines
 
 
+SHORTFALL_TIMEOUT_S = 15.0
+"""How long deploy waits on replicas or workers that no node has the free resources
+for before it fails naming them (trainer.resource_shortfall_timeout_s)."""
+SHORTFALL_NOTICE_S = 3.0
+"""A shortfall seen this long is printed at once; shorter ones are placements under way."""
+
+
+class ResourceShortfallError(RuntimeError):
+    """Deploy gave up on services whose actors the cluster has no free resources for."""
+
+
 def deploy_services(
-    apps: dict[str, dict[str, Any]], timeout_s: float, replace_different: bool = False
+    apps: dict[str, dict[str, Any]],
+    timeout_s: float,
+    replace_different: bool = False,
+    shortfall_timeout_s: float | None = SHORTFALL_TIMEOUT_S,
 ) -> dict[str, float]:
     """Deploys (or updates) one app per role, named and routed by the role.
 
@@ -317,6 +333,7 @@ def deploy_services(
             for role, args in apps.items()
         ],
         timeout_s,
+        shortfall_timeout_s,
     )
 
 
@@ -344,13 +361,22 @@ fails its health check within seconds, and a new one loads its weights and build
 engines (a minute on a small CPU node)."""
 
 
-def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) -> dict[str, float]:
+def deploy_applications(
+    applications: list[dict[str, Any]],
+    timeout_s: float,
+    shortfall_timeout_s: float | None = SHORTFALL_TIMEOUT_S,
+) -> dict[str, float]:
     """Deploys or updates Serve config entries (name, route_prefix, import_path, args) next
     to the apps already declared, which keep running untouched, and waits until every
     one given is RUNNING; a failed deployment raises with Serve's message. An UNHEALTHY
     app is one whose replica failed its health check and is being replaced by Serve
     (e.g. a worker died while no trainer was watching): it raises only if it stays
     unhealthy for UNHEALTHY_GRACE_S.
+
+    While an app is not running, a replica or worker of it that no node has the free
+    resources for is printed after SHORTFALL_NOTICE_S, with what every node offers, and
+    raises ResourceShortfallError once it has waited `shortfall_timeout_s` (None: only
+    print, for a cluster whose autoscaler adds nodes).
 
     Returns the seconds from the request until each app was seen RUNNING (polled every
     0.5 s; the apps deploy concurrently, so the largest is the deployment's wall time).
@@ -364,6 +390,7 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
     names = [app["name"] for app in applications]
     ready_s: dict[str, float] = {}
     unhealthy_since: dict[str, float] = {}
+    watch = _ShortfallWatch(names, shortfall_timeout_s)
     deadline = started + timeout_s
     while True:
         statuses = serve.status().applications
@@ -383,17 +410,55 @@ def deploy_applications(applications: list[dict[str, Any]], timeout_s: float) ->
             if state == "DEPLOY_FAILED":
                 raise RuntimeError(f"service {name!r} failed to deploy: {_failure(status)}")
             if state != "RUNNING":
-                pending[name] = state
+                pending[name] = getattr(state, "value", state)
             else:
                 ready_s.setdefault(name, time.monotonic() - started)
         if not pending:
             return ready_s
+        watch.check(pending)
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"services not running after {timeout_s:.0f} s (trainer.deploy_timeout_s): "
-                f"{pending}"
+                f"{pending}" + (f"\n{watch.last.describe()}" if watch.last else "")
             )
         time.sleep(0.5)
+
+
+class _ShortfallWatch:
+    """Asks the cluster every CHECK_EVERY_S what it cannot place for these apps, and
+    acts on a shortfall that lasts: a print at SHORTFALL_NOTICE_S, an error at the
+    timeout. A shortfall that clears (a placement under way) starts the clock again."""
+
+    CHECK_EVERY_S = 1.0
+
+    def __init__(self, apps: list[str], timeout_s: float | None):
+        self.apps = apps
+        self.timeout_s = timeout_s
+        self.since: float | None = None
+        self.last: Shortfall | None = None
+        self.printed = False
+        self.checked_at = time.monotonic()
+
+    def check(self, pending: dict[str, str]) -> None:
+        now = time.monotonic()
+        if now - self.checked_at < self.CHECK_EVERY_S:
+            return
+        self.checked_at = now
+        self.last = resource_shortfall(self.apps)
+        if self.last is None:
+            self.since = None
+            return
+        self.since = self.since or now
+        waited_s = now - self.since
+        if waited_s >= SHORTFALL_NOTICE_S and not self.printed:
+            self.printed = True
+            print(f"services {pending} are {self.last.describe()}", file=sys.stderr)
+        if self.timeout_s is not None and waited_s >= self.timeout_s:
+            raise ResourceShortfallError(
+                f"services not running after {waited_s:.0f} s of waiting on resources "
+                f"(trainer.resource_shortfall_timeout_s={self.timeout_s:g}; null waits for "
+                f"an autoscaler up to trainer.deploy_timeout_s): {pending}\n" + self.last.describe()
+            )
 
 
 def _failure(status: Any) -> str:

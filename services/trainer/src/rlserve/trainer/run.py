@@ -555,7 +555,10 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
         reserve_placement_groups(apps)
         console.print(f"deploying services on Serve (gRPC {address}) ...")
         ready_s = deploy_services(
-            apps, config.trainer.deploy_timeout_s, config.trainer.replace_deployed_services
+            apps,
+            config.trainer.deploy_timeout_s,
+            config.trainer.replace_deployed_services,
+            config.trainer.resource_shortfall_timeout_s,
         )
         phases["deploy"] = time.perf_counter() - mark
         phases.update((f"deploy/{role}", seconds) for role, seconds in ready_s.items())
