@@ -9,6 +9,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -85,4 +86,80 @@ def test_a_save_that_fills_the_disk_leaves_the_last_checkpoint_to_resume(
         steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in r]
         assert steps == [1, 2]
     finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+SAVE_FAULT_APP = "critic-save-fault"
+
+
+def _critic_info(stub):
+    from rlserve.core.rpc import call_metadata
+    from rlserve.v1 import critic_pb2
+
+    return stub.GetInfo(
+        critic_pb2.CriticServiceGetInfoRequest(),
+        metadata=call_metadata(SAVE_FAULT_APP),
+        timeout=10,
+    ).info
+
+
+def test_a_save_failing_on_rank_0_fails_in_seconds_and_the_replica_is_replaced(
+    serve_cluster, tiny_model_dir, tmp_path
+):
+    """Two critic ranks and a disk too small for rank 0's model files: rank 1 goes on into
+    DeepSpeed's save collectives and would wait there for the process group's 30-minute
+    timeout. The call fails at once naming the write, the service reports itself broken,
+    and Serve replaces the replica (fresh workers, initial weights)."""
+    from ray import serve
+
+    from rlserve.core.rpc import call_metadata
+    from rlserve.critic.app import build_app
+    from rlserve.v1 import critic_pb2, critic_pb2_grpc
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _mount(disk, 16 * 2**10)  # a few pages: no room for the model's safetensors
+    args = {
+        "model_path": str(tiny_model_dir),
+        "checkpoint_root": str(disk),
+        "workers": 2,
+        "num_cpus_per_worker": 1,
+    }
+    serve.run(build_app(args), name=SAVE_FAULT_APP, route_prefix=f"/{SAVE_FAULT_APP}")
+    channel = serve_cluster.channel()
+    stub = critic_pb2_grpc.CriticServiceStub(channel)
+    try:
+        pids = sorted(worker.pid for worker in _critic_info(stub).workers)
+        assert len(pids) == 2
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.SaveCheckpoint(
+                critic_pb2.CriticServiceSaveCheckpointRequest(location={"path": "step_1"}),
+                metadata=call_metadata(SAVE_FAULT_APP),
+                timeout=300,
+            )
+        assert time.monotonic() - started < 60
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "writing failed" in failed.value.details()
+        assert "marked broken" in failed.value.details()
+
+        # broken until Serve replaces it; then fresh workers answer
+        problems, deadline = [], time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                info = _critic_info(stub)
+            except grpc.RpcError as error:
+                problems.append(f"{error.code().name}: {error.details()}")
+            else:
+                new_pids = sorted(worker.pid for worker in info.workers)
+                if not set(new_pids) & set(pids):
+                    break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the replica was not replaced; GetInfo said {problems[-3:]}")
+        assert any("SaveCheckpoint failed part-way" in problem for problem in problems), problems
+        assert info.weights_version == 0 and len(new_pids) == 2
+    finally:
+        channel.close()
+        serve.delete(SAVE_FAULT_APP)
         subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -126,16 +126,32 @@ def require_load_dir(directory: Path, what: str) -> None:
         raise failed_precondition(f"{FIELD}: {directory} is a file, not a {what} directory")
 
 
-def save_failed(directory: Path, error: BaseException) -> RpcError:
+def save_failed(directory: Path, error: BaseException, ranks: int = 1) -> RpcError:
     """FAILED_PRECONDITION for a save that a worker could not write (disk full...): the
-    writers' own errors (torch's, safetensors') rarely say why, so the free space is named."""
+    writers' own errors (torch's, safetensors') rarely say why, so the free space is named.
+    With several `ranks` the message says the service was marked broken (see
+    `ranks_left_waiting`)."""
     reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
     reason = " ".join(reason.split())[:240]
     try:
         free = f"; {shutil.disk_usage(directory).free / 2**20:.1f} MiB free on its filesystem"
     except OSError:
         free = ""
-    return _unusable(directory, f"writing failed: {reason}{free}")
+    broken = (
+        f"; the other of its {ranks} ranks may be waiting in the save's collectives, so the "
+        "service is marked broken and Serve replaces it (restore the last checkpoint)"
+        if ranks > 1
+        else ""
+    )
+    return _unusable(directory, f"writing failed: {reason}{free}{broken}")
+
+
+def ranks_left_waiting(ranks: int) -> bool:
+    """Whether a save that failed on one rank can leave the others blocked: each rank
+    enters DeepSpeed's save collectives on its own, so when one fails writing (rank 0
+    writes the model files alone) the rest wait there for the process group's timeout
+    (30 min), holding the worker. Only replacing the replica frees them."""
+    return ranks > 1
 
 
 def load_refused(directory: Path, what: str, error: BaseException) -> RpcError:

@@ -64,6 +64,7 @@ from rlserve.core.checkpoint_paths import (
     checkpoint_path,
     load_refused,
     prepare_save_dir,
+    ranks_left_waiting,
     require_load_dir,
     save_failed,
 )
@@ -408,7 +409,10 @@ class RolloutController:
         except RpcError:  # a lost worker (UNAVAILABLE): not a write failure
             raise
         except Exception as error:  # disk full, permissions: the weights are untouched
-            raise save_failed(directory, error) from None
+            ranks = len(self.workers)
+            if ranks_left_waiting(ranks):
+                self.access.mark_broken("SaveCheckpoint", error)
+            raise save_failed(directory, error, ranks) from None
         return self.weights_version, self.last_applied_step
 
     async def load_checkpoint(self, path: str, deadline: Deadline = NO_DEADLINE) -> tuple[int, int]:
