@@ -203,10 +203,14 @@ def uninterrupted(serve_cluster, embedded, tmp_path_factory) -> list[dict]:
     return _steps(runs)
 
 
-def _fault_run_config(runs: Path):
+def _fault_run_config(runs: Path, **trainer):
     return tiny_run_config(
         runs,
-        trainer={"total_steps": TOTAL_STEPS, "checkpoint_every_steps": CHECKPOINT_EVERY_STEPS},
+        trainer={
+            "total_steps": TOTAL_STEPS,
+            "checkpoint_every_steps": CHECKPOINT_EVERY_STEPS,
+            **trainer,
+        },
     )
 
 
@@ -240,10 +244,55 @@ def test_a_run_that_loses_workers_and_a_replica_recovers_with_uninterrupted_metr
     for event in summary.recoveries:
         print(f"recovery: {event}")
     assert summary.steps == TOTAL_STEPS
-    assert len(summary.recoveries) >= 2, summary.recoveries
-    for event in summary.recoveries:
+    rollbacks = [event for event in summary.recoveries if event.rolled_back]
+    assert len(rollbacks) >= 2, summary.recoveries
+    for event in rollbacks:
         assert event.restored_step % CHECKPOINT_EVERY_STEPS == 0
         assert event.restored_step <= event.failed_step
+    _assert_same_steps(uninterrupted, _steps(tmp_path))
+
+
+def _serve_proxy_pid() -> int:
+    import ray
+
+    (proxy,) = [
+        actor
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith("SERVE_PROXY_ACTOR")
+    ]
+    handle = ray.get_actor(proxy["name"], namespace=proxy["namespace"])
+    return ray.get(handle.__ray_call__.remote(lambda _: os.getpid()), timeout=30)
+
+
+def test_a_restart_of_serves_proxy_mid_run_rolls_nothing_back(
+    serve_cluster, embedded, uninterrupted, tmp_path
+):
+    """Every call through Serve's proxy, which is SIGKILLed mid-run (Serve starts a new
+    one within ~20 s), and later the reward replica (stateless): the stateful services
+    kept their state both times, so the run waits and goes on from where it stood, with
+    the metrics of an uninterrupted run and no checkpoint restored."""
+    config = _fault_run_config(tmp_path, call_routes="proxy")
+    inputs = run_inputs(embedded)
+    fresh_services(config, inputs)
+    thread, outcome = _run_in_thread(config, inputs, tmp_path, serve_cluster.grpc_address)
+    _wait_for_step(tmp_path / "metrics.jsonl", 2, thread, outcome)
+    proxy_pid = _serve_proxy_pid()
+    os.kill(proxy_pid, signal.SIGKILL)
+    _wait_for_step(tmp_path / "metrics.jsonl", 4, thread, outcome)
+    _kill_reward_replica()
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the run did not finish"
+    if "error" in outcome:
+        raise outcome["error"]
+    summary = outcome["summary"]
+    for event in summary.recoveries:
+        print(f"recovery: {event}")
+    assert _serve_proxy_pid() != proxy_pid  # the proxy was replaced
+    assert set(summary.calls_by_route) == {"proxy"}
+    # the proxy's outage outlives the calls' retries; Serve may queue the calls during
+    # the reward replica's replacement, which then needs no recovery at all
+    assert summary.recoveries, "the proxy's restart went unnoticed"
+    assert not [event for event in summary.recoveries if event.rolled_back]
     _assert_same_steps(uninterrupted, _steps(tmp_path))
 
 

@@ -54,6 +54,7 @@ from opentelemetry.trace import Status, StatusCode
 from rlserve.core import auth, tracing
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
+from rlserve.core.lease import run_id_metadata
 from rlserve.core.serving import deadline_metadata
 
 logger = logging.getLogger(__name__)
@@ -166,8 +167,11 @@ class ServiceClient:
         direct: bool = True,
         handle: bool = True,
         handle_min_bytes: int | None = None,
+        run_id: str = "",
     ):
         self.stub = stub_cls(channel)
+        # the run a stateful service's lease names (rlserve.core.lease)
+        self.run_metadata = (run_id_metadata(run_id),) if run_id else ()
         self.stub_cls = stub_cls
         # Generated stubs are named <Service>Stub: the gRPC service, for span names.
         self.service = stub_cls.__name__.removesuffix("Stub")
@@ -286,7 +290,9 @@ class ServiceClient:
             with tracing.rpc_client_span(
                 self.service, rpc, role=self.application, attempt=attempt
             ) as span:
-                metadata = call_metadata(self.application, deadline_metadata(timeout_s))
+                metadata = call_metadata(
+                    self.application, deadline_metadata(timeout_s), *self.run_metadata
+                )
                 if tracing.tracing_enabled():
                     metadata = tracing.inject_metadata(metadata)
                     if span.is_recording():

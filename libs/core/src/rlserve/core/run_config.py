@@ -814,6 +814,17 @@ class TrainerConfig(ConfigModel):
     """Deadline of each call to a service, in seconds."""
     rpc_retries: int = Field(2, ge=0)
     """Retries of a call that failed with a retryable status (0 = try once)."""
+    lease_ttl_s: float = Field(60.0, gt=0, le=3600)
+    """The run holds its rollout and critic services by a lease, renewed every third of
+    this; another run is refused, naming this one, until the run releases it at its end
+    or this long after the run stopped renewing (a killed trainer). `rlserve resume` of
+    the same run directory takes it back at once."""
+    call_routes: Literal["cluster", "proxy"] = "cluster"
+    """How the trainer reaches the services. "cluster": on the Ray cluster, each call goes
+    to its replica's own gRPC port (Serve's direct ingress) or, for large batches, through
+    a DeploymentHandle, and through Serve's gRPC proxy otherwise; "proxy": every call
+    through the proxy, the one port a firewall between trainer and replicas must open
+    (what a trainer off the cluster does anyway)."""
     handle_route_min_bytes: int | None = Field(None, ge=0)
     """On the Ray cluster, a call whose batch holds this many bytes of tensors or more (the
     request's, or a generation's expected answer) goes to its service through a Serve

@@ -101,7 +101,7 @@ class WorkerInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class ServiceInfo(_message.Message):
-    __slots__ = ("role", "model", "engine", "weights_version", "last_applied_step", "workers", "rlserve_version", "settings_json", "auth_mode")
+    __slots__ = ("role", "model", "engine", "weights_version", "last_applied_step", "workers", "rlserve_version", "settings_json", "auth_mode", "lease")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class ServiceInfo(_message.Message):
     RLSERVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
     AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     role: str
     model: str
     engine: str
@@ -120,4 +121,13 @@ class ServiceInfo(_message.Message):
     rlserve_version: str
     settings_json: str
     auth_mode: str
-    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights_version: _Optional[int] = ..., last_applied_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., rlserve_version: _Optional[str] = ..., settings_json: _Optional[str] = ..., auth_mode: _Optional[str] = ...) -> None: ...
+    lease: RunLease
+    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., weights_version: _Optional[int] = ..., last_applied_step: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., rlserve_version: _Optional[str] = ..., settings_json: _Optional[str] = ..., auth_mode: _Optional[str] = ..., lease: _Optional[_Union[RunLease, _Mapping]] = ...) -> None: ...
+
+class RunLease(_message.Message):
+    __slots__ = ("holder", "expires_in_s")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    expires_in_s: float
+    def __init__(self, holder: _Optional[str] = ..., expires_in_s: _Optional[float] = ...) -> None: ...

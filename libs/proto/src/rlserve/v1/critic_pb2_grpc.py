@@ -65,6 +65,11 @@ class CriticServiceStub:
                 request_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetRequest.SerializeToString,
                 response_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetResponse.FromString,
                 _registered_method=True)
+        self.Lease = channel.unary_unary(
+                '/rlserve.v1.CriticService/Lease',
+                request_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLeaseRequest.SerializeToString,
+                response_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class CriticServiceServicer:
@@ -114,6 +119,15 @@ class CriticServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lease(self, request, context):
+        """Takes, renews or releases a run's lease on this service. While a run holds it, the
+        calls that change the service's state (UpdateCritic, LoadCheckpoint, Reset) from any other run, or
+        from a caller that names no run, are refused with FAILED_PRECONDITION naming the holder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CriticServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +160,11 @@ def add_CriticServiceServicer_to_server(servicer, server):
                     servicer.Reset,
                     request_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetRequest.FromString,
                     response_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceResetResponse.SerializeToString,
+            ),
+            'Lease': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLeaseRequest.FromString,
+                    response_serializer=rlserve_dot_v1_dot_critic__pb2.CriticServiceLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +330,33 @@ class CriticService:
             '/rlserve.v1.CriticService/Reset',
             rlserve_dot_v1_dot_critic__pb2.CriticServiceResetRequest.SerializeToString,
             rlserve_dot_v1_dot_critic__pb2.CriticServiceResetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlserve.v1.CriticService/Lease',
+            rlserve_dot_v1_dot_critic__pb2.CriticServiceLeaseRequest.SerializeToString,
+            rlserve_dot_v1_dot_critic__pb2.CriticServiceLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -157,3 +157,19 @@ class RolloutServiceResetResponse(_message.Message):
     weights_version: int
     last_applied_step: int
     def __init__(self, weights_version: _Optional[int] = ..., last_applied_step: _Optional[int] = ...) -> None: ...
+
+class RolloutServiceLeaseRequest(_message.Message):
+    __slots__ = ("run_id", "ttl_s", "release")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    ttl_s: float
+    release: bool
+    def __init__(self, run_id: _Optional[str] = ..., ttl_s: _Optional[float] = ..., release: _Optional[bool] = ...) -> None: ...
+
+class RolloutServiceLeaseResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: _common_pb2.RunLease
+    def __init__(self, lease: _Optional[_Union[_common_pb2.RunLease, _Mapping]] = ...) -> None: ...

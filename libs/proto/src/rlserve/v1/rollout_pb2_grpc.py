@@ -70,6 +70,11 @@ class RolloutServiceStub:
                 request_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetRequest.SerializeToString,
                 response_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetResponse.FromString,
                 _registered_method=True)
+        self.Lease = channel.unary_unary(
+                '/rlserve.v1.RolloutService/Lease',
+                request_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLeaseRequest.SerializeToString,
+                response_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -126,6 +131,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lease(self, request, context):
+        """Takes, renews or releases a run's lease on this service. While a run holds it, the
+        calls that change the service's state (UpdateActor, LoadCheckpoint, Reset) from any other run, or
+        from a caller that names no run, are refused with FAILED_PRECONDITION naming the holder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +177,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.Reset,
                     request_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetRequest.FromString,
                     response_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetResponse.SerializeToString,
+            ),
+            'Lease': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLeaseRequest.FromString,
+                    response_serializer=rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +374,33 @@ class RolloutService:
             '/rlserve.v1.RolloutService/Reset',
             rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetRequest.SerializeToString,
             rlserve_dot_v1_dot_rollout__pb2.RolloutServiceResetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlserve.v1.RolloutService/Lease',
+            rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLeaseRequest.SerializeToString,
+            rlserve_dot_v1_dot_rollout__pb2.RolloutServiceLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,6 +19,7 @@ from rlserve.core.auth import server_auth_mode
 from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
 from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
+from rlserve.core.lease import RunLease
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
     Deadline,
@@ -42,6 +43,7 @@ class CriticDeployment(BatchCalls):
 
     def __init__(self, config: CriticServiceConfig):
         self.auth_mode = server_auth_mode(config.auth, "critic")
+        self.lease = RunLease("critic")
         setup_replica_tracing("critic", config.tracing)  # before the workers: they inherit it
         self.config = config
         self.controller = controller_for(
@@ -65,6 +67,7 @@ class CriticDeployment(BatchCalls):
 
     @rpc_method(critic_pb2.UpdateCriticResponse)
     async def UpdateCritic(self, request, grpc_context):
+        self.lease.check("UpdateCritic", grpc_context.invocation_metadata())
         batch = request_batch(request.batch, grpc_context)
         metrics, weights_version, replayed = await self.controller.update_critic(
             request.step, batch, _deadline(grpc_context)
@@ -91,6 +94,7 @@ class CriticDeployment(BatchCalls):
             ],
             rlserve_version=version("rlserve-critic"),
             auth_mode=self.auth_mode,
+            lease=self._lease_info(),
             settings_json=settings_json(self.config),
         )
         return critic_pb2.CriticServiceGetInfoResponse(info=info)
@@ -106,6 +110,7 @@ class CriticDeployment(BatchCalls):
 
     @rpc_method(critic_pb2.CriticServiceLoadCheckpointResponse)
     async def LoadCheckpoint(self, request, grpc_context):
+        self.lease.check("LoadCheckpoint", grpc_context.invocation_metadata())
         weights_version, step = await self.controller.load_checkpoint(
             request.location.path, _deadline(grpc_context)
         )
@@ -115,7 +120,22 @@ class CriticDeployment(BatchCalls):
 
     @rpc_method(critic_pb2.CriticServiceResetResponse)
     async def Reset(self, request, grpc_context):
+        self.lease.check("Reset", grpc_context.invocation_metadata())
         weights_version, step = await self.controller.reset(_deadline(grpc_context))
         return critic_pb2.CriticServiceResetResponse(
             weights_version=weights_version, last_applied_step=step
         )
+
+    @rpc_method(critic_pb2.CriticServiceLeaseResponse)
+    async def Lease(self, request, grpc_context):
+        if request.release:
+            holder, left = self.lease.release(request.run_id)
+        else:
+            holder, left = self.lease.take(request.run_id, request.ttl_s)
+        return critic_pb2.CriticServiceLeaseResponse(
+            lease=common_pb2.RunLease(holder=holder, expires_in_s=left)
+        )
+
+    def _lease_info(self) -> common_pb2.RunLease:
+        holder, left = self.lease.current()
+        return common_pb2.RunLease(holder=holder, expires_in_s=left)

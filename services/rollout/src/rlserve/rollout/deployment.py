@@ -22,6 +22,7 @@ from rlserve.core.auth import server_auth_mode
 from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
 from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
+from rlserve.core.lease import RunLease
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
     Deadline,
@@ -58,6 +59,7 @@ class RolloutDeployment(BatchCalls):
 
     def __init__(self, config: RolloutServiceConfig):
         self.auth_mode = server_auth_mode(config.auth, ROLE)
+        self.lease = RunLease(ROLE)
         setup_replica_tracing(ROLE, config.tracing)  # before the workers: they inherit it
         self.config = config
         workers = WorkerGroup.for_service(
@@ -111,6 +113,7 @@ class RolloutDeployment(BatchCalls):
 
     @rpc_method(rollout_pb2.UpdateActorResponse)
     async def UpdateActor(self, request, grpc_context):
+        self.lease.check("UpdateActor", grpc_context.invocation_metadata())
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         result = await self.controller.update_actor(
             request.step,
@@ -146,6 +149,7 @@ class RolloutDeployment(BatchCalls):
                 workers=[common_pb2.WorkerInfo(**worker) for worker in info["workers"]],
                 rlserve_version=package_version("rlserve-rollout"),
                 auth_mode=self.auth_mode,
+                lease=self._lease_info(),
                 settings_json=settings_json(self.config),
             )
         )
@@ -160,6 +164,7 @@ class RolloutDeployment(BatchCalls):
 
     @rpc_method(rollout_pb2.RolloutServiceLoadCheckpointResponse)
     async def LoadCheckpoint(self, request, grpc_context):
+        self.lease.check("LoadCheckpoint", grpc_context.invocation_metadata())
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         version, step = await self.controller.load_checkpoint(request.location.path, deadline)
         return rollout_pb2.RolloutServiceLoadCheckpointResponse(
@@ -168,11 +173,26 @@ class RolloutDeployment(BatchCalls):
 
     @rpc_method(rollout_pb2.RolloutServiceResetResponse)
     async def Reset(self, request, grpc_context):
+        self.lease.check("Reset", grpc_context.invocation_metadata())
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
         version, step = await self.controller.reset(deadline)
         return rollout_pb2.RolloutServiceResetResponse(
             weights_version=version, last_applied_step=step
         )
+
+    @rpc_method(rollout_pb2.RolloutServiceLeaseResponse)
+    async def Lease(self, request, grpc_context):
+        if request.release:
+            holder, left = self.lease.release(request.run_id)
+        else:
+            holder, left = self.lease.take(request.run_id, request.ttl_s)
+        return rollout_pb2.RolloutServiceLeaseResponse(
+            lease=common_pb2.RunLease(holder=holder, expires_in_s=left)
+        )
+
+    def _lease_info(self) -> common_pb2.RunLease:
+        holder, left = self.lease.current()
+        return common_pb2.RunLease(holder=holder, expires_in_s=left)
 
 
 def _optional(request, field: str) -> int | None:

@@ -153,6 +153,12 @@ def format_report(report: ClusterReport) -> str:
                 (head if index == 0 else " " * len(head))
                 + f"{process.kind:<16} {process.node_id[:8]:<8} {process.pid:>7} {resident:>12}"
             )
+        if app.info is not None and app.info.lease.holder:
+            lease = app.info.lease
+            lines.append(
+                f"  leased by run {lease.holder!r} (lapses in {lease.expires_in_s:.0f} s "
+                "unless renewed)"
+            )
         if app.problem:
             lines.append(f"  ! {app.problem}")
     if not report.apps:

@@ -119,10 +119,13 @@ class Clients:
     critic: ServiceClient | None
 
     @classmethod
-    def connect(cls, address: str, config: RunConfig, roles: set[str]) -> "Clients":
+    def connect(
+        cls, address: str, config: RunConfig, roles: set[str], run_id: str = ""
+    ) -> "Clients":
         channel = open_channel(address)
         policy = RetryPolicy(retries=config.trainer.rpc_retries)
         timeout_s = config.trainer.rpc_timeout_s
+        on_cluster_routes = config.trainer.call_routes == "cluster"
 
         def client(stub_cls: type, app: str | None) -> ServiceClient | None:
             if app is None or app not in roles:
@@ -133,7 +136,10 @@ class Clients:
                 app,
                 timeout_s,
                 policy,
+                direct=on_cluster_routes,
+                handle=on_cluster_routes,
                 handle_min_bytes=config.trainer.handle_route_min_bytes,
+                run_id=run_id,
             )
 
         # the rollout app itself answers ReferenceService when the reference is merged
@@ -186,6 +192,29 @@ class TrainerState:
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _StepInProgress:
+    """A step that started and has not completed: what the trainer held at its start,
+    and the results of its calls so far. A failure that cost no service its state runs
+    the step again from here (`rewind`), reusing what was already computed, so it
+    sends the same batch: an update the service applied before the failure is answered
+    as a replay."""
+
+    step: int
+    weights_version: int
+    kl_controller: dict[str, Any]
+    stream: dict[str, Any]
+    rng: dict[str, Any]
+    took_early_generation: bool
+    """one_step_off: the step's batch was asked for during the step before, from the
+    weights before that step's update, which the rollout no longer holds."""
+    generation: Generation | None = None
+    after_generation: tuple[dict[str, Any], dict[str, Any]] | None = None
+    """The prompt stream's and RNGs' states once the generation drew its prompts."""
+    forwards: dict[str, Any] | None = None
+    reward_figures: Counter[str] | None = None
+
+
 class PPOTrainer:
     """Runs PPO steps against deployed services; see the module docstring."""
 
@@ -214,6 +243,7 @@ class PPOTrainer:
         self._kind_weights: dict[str, float] | None = None
         # one_step_off: (step, its generation, running or done) asked for a step early
         self._next_generation: tuple[int, asyncio.Future[Generation]] | None = None
+        self._in_progress: _StepInProgress | None = None
 
     # --- one step ---------------------------------------------------------------------
 
@@ -483,14 +513,77 @@ class PPOTrainer:
                 )
         return metrics
 
+    def intact_service_states(self) -> tuple[set[tuple[int, int]], set[int]]:
+        """The (weights version, last applied step) of the rollout, and the critic's last
+        applied step, at which the services have lost nothing of this run: the state
+        after the last completed step, or, while a step is in progress whose updates can
+        be sent again with the same batch, the state after its updates too. Empty when
+        the step in progress cannot be run again (its early generation is gone)."""
+        progress = self._in_progress
+        if progress is None:
+            return {(self.state.weights_version, self.state.step - 1)}, {self.state.step - 1}
+        if progress.took_early_generation and progress.generation is None:
+            return set(), set()
+        rollout = {(progress.weights_version, progress.step - 1)}
+        critic = {progress.step - 1}
+        if progress.forwards is not None:
+            rollout.add((progress.weights_version + 1, progress.step))
+            critic.add(progress.step)
+        return rollout, critic
+
+    def rewind(self) -> None:
+        """Back to the start of the step in progress, keeping its results so far (after a
+        failure that lost no service state; see intact_service_states). Without one (the
+        failure followed a completed step) nothing changes: a generation asked for the
+        next step stays valid."""
+        progress = self._in_progress
+        if progress is None:
+            return
+        self.discard_next_generation()  # asked for during this attempt, from its prompts
+        self.state.step = progress.step
+        self.state.weights_version = progress.weights_version
+        self.kl_controller.load_state_dict(progress.kl_controller)
+        self.stream.load_state_dict(progress.stream)
+        restore_rng(progress.rng)
+
+    def _start_step(self, step: int) -> _StepInProgress:
+        progress = self._in_progress
+        if progress is not None and progress.step == step:
+            return progress  # run again after a rewind
+        self._in_progress = _StepInProgress(
+            step=step,
+            weights_version=self.state.weights_version,
+            kl_controller=self.kl_controller.state_dict(),
+            stream=self.stream.state_dict(),
+            rng=rng_state(),
+            took_early_generation=(
+                self._next_generation is not None and self._next_generation[0] == step
+            ),
+        )
+        return self._in_progress
+
+    async def _step_generation(
+        self, progress: _StepInProgress, timings: dict[str, float]
+    ) -> Generation:
+        if progress.generation is not None:
+            stream, rng = progress.after_generation
+            self.stream.load_state_dict(stream)
+            restore_rng(rng)
+            return progress.generation
+        generation = await _timed("generate", timings, self._take_generation(progress.step))
+        progress.generation = generation
+        progress.after_generation = (self.stream.state_dict(), rng_state())
+        return generation
+
     async def _run_step(self) -> dict[str, float]:
         step = self.state.step
         config = self.config
         timings: dict[str, float] = {}
         started = time.perf_counter()
         self._reward_figures.clear()
+        progress = self._start_step(step)
 
-        generation = await _timed("generate", timings, self._take_generation(step))
+        generation = await self._step_generation(progress, timings)
         batch, gen_metrics, rows = generation.batch, generation.metrics, generation.rows
         staleness = self.state.weights_version - int(batch.meta["weights_version"])
 
@@ -511,31 +604,38 @@ class PPOTrainer:
             self._ask_for_next_generation(step)  # one_step_off, see the module docstring
             return log_probs
 
-        forwards: dict[str, Awaitable[Any]] = {} if single_pass else {"log_prob": log_prob()}
+        forwards: dict[str, Any] = {} if single_pass else {"log_prob": log_prob}
         if "scores" not in batch.tensors:
-            forwards["reward"] = self._rewards(batch)
+            forwards["reward"] = lambda: self._rewards(batch)
         if "baseline_scores" in needs:
             # dynamic sampling needs a group estimator, so `rows` is this step's prompts
             assert rows is not None
-            forwards["greedy_baseline"] = self._greedy_baseline(rows, step)
+            forwards["greedy_baseline"] = lambda: self._greedy_baseline(rows, step)
         if self.clients.reference is not None:
-            forwards["ref_log_prob"] = self.clients.reference.call_with_batch(
+            forwards["ref_log_prob"] = lambda: self.clients.reference.call_with_batch(
                 "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), sequences
             )
         if self.clients.critic is not None:
-            forwards["values"] = self.clients.critic.call_with_batch(
+            forwards["values"] = lambda: self.clients.critic.call_with_batch(
                 "ComputeValues", critic_pb2.ComputeValuesRequest(), sequences
             )
         forward_started = time.perf_counter()
-        results = dict(
-            zip(
-                forwards,
-                await asyncio.gather(
-                    *(_timed(name, timings, call) for name, call in forwards.items())
-                ),
-                strict=True,
+        if progress.forwards is None:
+            progress.forwards = dict(
+                zip(
+                    forwards,
+                    await asyncio.gather(
+                        *(_timed(name, timings, call()) for name, call in forwards.items())
+                    ),
+                    strict=True,
+                )
             )
-        )
+            progress.reward_figures = Counter(self._reward_figures)
+        else:  # run again after a rewind: the same results, so the same update batches
+            self._reward_figures = Counter(progress.reward_figures)
+            if "log_prob" in progress.forwards:
+                self._ask_for_next_generation(step)
+        results = progress.forwards
         timings["time/forward_wall_s"] = time.perf_counter() - forward_started
 
         extra = {}
@@ -682,6 +782,7 @@ class PPOTrainer:
             )
         self.state.step = step + 1
         self.state.last_metrics = metrics
+        self._in_progress = None
         return metrics
 
     def _check_updates(self, step: int, update_results: dict[str, Any]) -> float:
@@ -849,6 +950,7 @@ class PPOTrainer:
 
     async def load_checkpoint(self, directory: Path, trainer_state: dict[str, Any]) -> None:
         self.discard_next_generation()
+        self._in_progress = None
         loads = [
             self.clients.rollout.call(
                 "LoadCheckpoint",

@@ -45,6 +45,7 @@ from rlserve.trainer.deploy import (
     service_args,
     verify_placement,
 )
+from rlserve.trainer.lease_keeper import LeaseKeeper, run_id_of
 from rlserve.trainer.loop import Clients, PPOTrainer
 from rlserve.trainer.metrics import (
     MetricsLog,
@@ -212,7 +213,7 @@ def make_trainer(
         )
         _print_prompt_counts(name, loaded[name], data.max_prompt_tokens, data.long_prompts)
     roles = set(service_args(config, inputs.model_dir))
-    clients = Clients.connect(serve_grpc_address, config, roles)
+    clients = Clients.connect(serve_grpc_address, config, roles, run_id_of(run_dir))
     eval_rows = loaded["eval"].rows if "eval" in loaded else []
     return PPOTrainer(config, clients, tokenizer, loaded["train"].rows, eval_rows, run_dir)
 
@@ -265,141 +266,164 @@ async def _train_on_services(
     phases: dict[str, float] = {}
     mark = time.perf_counter()
     trainer = make_trainer(config, inputs, run_dir, serve_grpc_address)
-    log = MetricsLog(run_dir)
-    control = RunControl(total_steps=config.trainer.total_steps, run_dir=str(run_dir))
-    server = None
-    if config.trainer.control_port is not None:
-        in_use = {
-            role: client for role, client in vars(trainer.clients).items() if client is not None
-        }
-        server, port = await serve_control(control, config.trainer.control_port, in_use)
-        (run_dir / "control_address").write_text(f"127.0.0.1:{port}\n")
-        token = auth.expected_token()
-        if token is not None:  # for `rlserve run status|stop|checkpoint RUN_DIR`
-            write_private(run_dir / "control_token", token + "\n")
-
-    if resume_from is not None:
-        state = read_trainer_state(resume_from)
-        await trainer.load_checkpoint(resume_from, state)
-        truncate_after(log.path, trainer.state.step)
-        console.print(f"resumed from {resume_from} at step {trainer.state.step}")
-    else:
-        reset_started = time.perf_counter()
-        reset = await trainer.reset_used_services()
-        if reset:
-            phases["reset_services"] = time.perf_counter() - reset_started
-            console.print(
-                f"reset {', '.join(reset)} to the deployed initial weights (an earlier run "
-                f"had trained them) in {phases['reset_services']:.1f} s"
-            )
-
-    every_eval = config.rollout.eval_every_steps
-    every_ckpt = config.trainer.checkpoint_every_steps
-    every_resources = config.trainer.resources_every_steps
-    accuracy_before = None
-    phases["trainer_setup"] = time.perf_counter() - mark
-    if trainer.state.step == 0 and trainer.eval_rows:
-        mark = time.perf_counter()
-        before = await trainer.evaluate()
-        accuracy_before = before["eval_accuracy"]
-        log.write(0, before)
-        phases["eval_before"] = time.perf_counter() - mark
-
-    if config.trainer.max_recoveries and latest_checkpoint(run_dir) is None:
-        mark = time.perf_counter()
-        await trainer.save_checkpoint()  # the point a recovery before step 1 returns to
-        phases["checkpoint_0"] = time.perf_counter() - mark
-    recovery = Recovery(config.trainer.max_recoveries, config.trainer.recovery_timeout_s)
-
-    control.state = trainer_pb2.RUN_STATE_RUNNING
-    control.step = trainer.state.step
-    checkpoint = None
-    train_started = time.perf_counter()
-    first_step_unix_s = time.time() if trainer.state.step < config.trainer.total_steps else None
-    progress = Progress(
-        TextColumn("PPO"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-        console=console,
-        disable=not show_progress,
-    )
+    leases = LeaseKeeper(trainer.clients, run_id_of(run_dir), config.trainer.lease_ttl_s)
     try:
-        with progress:
-            task = progress.add_task(
-                "ppo",
-                total=config.trainer.total_steps,
-                completed=trainer.state.step,
-                status="",
-            )
-            while trainer.state.step < config.trainer.total_steps and not control.stop_requested:
-                try:
-                    metrics = await trainer.run_step()
-                    step = trainer.state.step
-                    if every_eval and step % every_eval == 0:
-                        metrics.update(await trainer.evaluate())
-                    if every_resources and step % every_resources == 0:
-                        # off the event loop: the control service keeps answering
-                        metrics.update(await asyncio.to_thread(_resource_metrics))
-                    log.write(step, metrics)
-                    if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
-                        control.checkpoint_requested = False
-                        checkpoint = await trainer.save_checkpoint()
-                except grpc.aio.AioRpcError as error:
-                    checkpoint = await recovery.recover(trainer, error, log.path)
-                    control.step = trainer.state.step
-                    progress.update(task, completed=trainer.state.step, status="recovered")
-                    continue
-                control.step, control.last_metrics = step, metrics
-                status = f"reward {metrics['reward_mean']:.3f}  kl {metrics['kl_mean']:.4f}"
-                if "eval_accuracy" in metrics:
-                    status += f"  held-out acc {100 * metrics['eval_accuracy']:.1f}%"
-                progress.update(task, completed=step, status=status)
-        phases["ppo_steps"] = time.perf_counter() - train_started
-        mark = time.perf_counter()
-        final = {}
-        if trainer.eval_rows and "eval_accuracy" not in trainer.state.last_metrics:
-            final = await trainer.evaluate()
-            log.write(trainer.state.step, final)
-        if control.checkpoint_on_stop or not control.stop_requested or checkpoint is None:
-            checkpoint = await trainer.save_checkpoint()
-        control.state = trainer_pb2.RUN_STATE_FINISHED
-    except BaseException as error:
-        control.state = trainer_pb2.RUN_STATE_FAILED
-        control.error = f"{type(error).__name__}: {error}"
-        raise
-    finally:
-        trainer.discard_next_generation()  # a stopped or failed run's early generation
+        await leases.take()  # before anything is reset or restored
+    except BaseException:
         await trainer.clients.close()
-        log.close()
-        if server is not None:
-            await server.stop(grace=1.0)
+        raise
+    try:
+        log = MetricsLog(run_dir)
+        control = RunControl(total_steps=config.trainer.total_steps, run_dir=str(run_dir))
+        server = None
+        if config.trainer.control_port is not None:
+            in_use = {
+                role: client for role, client in vars(trainer.clients).items() if client is not None
+            }
+            server, port = await serve_control(control, config.trainer.control_port, in_use)
+            (run_dir / "control_address").write_text(f"127.0.0.1:{port}\n")
+            token = auth.expected_token()
+            if token is not None:  # for `rlserve run status|stop|checkpoint RUN_DIR`
+                write_private(run_dir / "control_token", token + "\n")
 
-    records = read_metrics(log.path)
-    evaluated = [r for r in records if "eval_accuracy" in r]
-    curves = run_dir / "curves.png"
-    plot_curves(records, curves)
-    phases["finish"] = time.perf_counter() - mark  # last evaluation, checkpoint, plot
-    summary = RunSummary(
-        run_dir=str(run_dir),
-        seed=config.trainer.seed,
-        warmup_steps=inputs.warmup_steps,
-        steps=trainer.state.step,
-        recoveries=recovery.events,
-        phases_s=phases,
-        accuracy_before=evaluated[0]["eval_accuracy"] if evaluated else accuracy_before,
-        accuracy_after=evaluated[-1]["eval_accuracy"] if evaluated else None,
-        train_s=time.perf_counter() - train_started,
-        total_s=time.perf_counter() - started,
-        checkpoint=str(checkpoint) if checkpoint else None,
-        curves_png=str(curves),
-        first_step_unix_s=first_step_unix_s,
-        metrics_jsonl=str(log.path),
-        calls_by_route=trainer.clients.calls_by_route(),
-    )
-    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
-    return summary
+        if resume_from is not None:
+            state = read_trainer_state(resume_from)
+            await trainer.load_checkpoint(resume_from, state)
+            truncate_after(log.path, trainer.state.step)
+            console.print(f"resumed from {resume_from} at step {trainer.state.step}")
+        else:
+            reset_started = time.perf_counter()
+            reset = await trainer.reset_used_services()
+            if reset:
+                phases["reset_services"] = time.perf_counter() - reset_started
+                console.print(
+                    f"reset {', '.join(reset)} to the deployed initial weights (an earlier run "
+                    f"had trained them) in {phases['reset_services']:.1f} s"
+                )
+
+        every_eval = config.rollout.eval_every_steps
+        every_ckpt = config.trainer.checkpoint_every_steps
+        every_resources = config.trainer.resources_every_steps
+        accuracy_before = None
+        phases["trainer_setup"] = time.perf_counter() - mark
+        if trainer.state.step == 0 and trainer.eval_rows:
+            mark = time.perf_counter()
+            before = await trainer.evaluate()
+            accuracy_before = before["eval_accuracy"]
+            log.write(0, before)
+            phases["eval_before"] = time.perf_counter() - mark
+
+        if config.trainer.max_recoveries and latest_checkpoint(run_dir) is None:
+            mark = time.perf_counter()
+            await trainer.save_checkpoint()  # the point a recovery before step 1 returns to
+            phases["checkpoint_0"] = time.perf_counter() - mark
+        recovery = Recovery(config.trainer.max_recoveries, config.trainer.recovery_timeout_s)
+
+        control.state = trainer_pb2.RUN_STATE_RUNNING
+        control.step = trainer.state.step
+        checkpoint = None
+        train_started = time.perf_counter()
+        first_step_unix_s = time.time() if trainer.state.step < config.trainer.total_steps else None
+        progress = Progress(
+            TextColumn("PPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console,
+            disable=not show_progress,
+        )
+        try:
+            with progress:
+                task = progress.add_task(
+                    "ppo",
+                    total=config.trainer.total_steps,
+                    completed=trainer.state.step,
+                    status="",
+                )
+                # A step whose own calls completed but whose evaluation, metrics line or
+                # checkpoint failed: a recovery that rolls nothing back repeats only those.
+                done: dict[str, float] | None = None
+                logged = False
+                while done is not None or (
+                    trainer.state.step < config.trainer.total_steps and not control.stop_requested
+                ):
+                    try:
+                        if done is None:
+                            done, logged = await trainer.run_step(), False
+                        metrics, step = done, trainer.state.step
+                        if every_eval and step % every_eval == 0 and "eval_accuracy" not in metrics:
+                            metrics.update(await trainer.evaluate())
+                        if every_resources and step % every_resources == 0:
+                            # off the event loop: the control service keeps answering
+                            metrics.update(await asyncio.to_thread(_resource_metrics))
+                        if not logged:
+                            log.write(step, metrics)
+                            logged = True
+                        if (every_ckpt and step % every_ckpt == 0) or control.checkpoint_requested:
+                            checkpoint = await trainer.save_checkpoint()
+                            control.checkpoint_requested = False
+                        done = None
+                    except grpc.aio.AioRpcError as error:
+                        restored = await recovery.recover(trainer, error, log.path)
+                        if restored is not None:
+                            checkpoint, done = restored, None
+                        control.step = trainer.state.step
+                        progress.update(task, completed=trainer.state.step, status="recovered")
+                        continue
+                    control.step, control.last_metrics = step, metrics
+                    status = f"reward {metrics['reward_mean']:.3f}  kl {metrics['kl_mean']:.4f}"
+                    if "eval_accuracy" in metrics:
+                        status += f"  held-out acc {100 * metrics['eval_accuracy']:.1f}%"
+                    progress.update(task, completed=step, status=status)
+            phases["ppo_steps"] = time.perf_counter() - train_started
+            mark = time.perf_counter()
+            final = {}
+            if trainer.eval_rows and "eval_accuracy" not in trainer.state.last_metrics:
+                final = await trainer.evaluate()
+                log.write(trainer.state.step, final)
+            if control.checkpoint_on_stop or not control.stop_requested or checkpoint is None:
+                checkpoint = await trainer.save_checkpoint()
+            control.state = trainer_pb2.RUN_STATE_FINISHED
+        except BaseException as error:
+            control.state = trainer_pb2.RUN_STATE_FAILED
+            control.error = f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            trainer.discard_next_generation()  # a stopped or failed run's early generation
+            await leases.release()
+            await trainer.clients.close()
+            log.close()
+            if server is not None:
+                await server.stop(grace=1.0)
+
+        records = read_metrics(log.path)
+        evaluated = [r for r in records if "eval_accuracy" in r]
+        curves = run_dir / "curves.png"
+        plot_curves(records, curves)
+        phases["finish"] = time.perf_counter() - mark  # last evaluation, checkpoint, plot
+        summary = RunSummary(
+            run_dir=str(run_dir),
+            seed=config.trainer.seed,
+            warmup_steps=inputs.warmup_steps,
+            steps=trainer.state.step,
+            recoveries=recovery.events,
+            phases_s=phases,
+            accuracy_before=evaluated[0]["eval_accuracy"] if evaluated else accuracy_before,
+            accuracy_after=evaluated[-1]["eval_accuracy"] if evaluated else None,
+            train_s=time.perf_counter() - train_started,
+            total_s=time.perf_counter() - started,
+            checkpoint=str(checkpoint) if checkpoint else None,
+            curves_png=str(curves),
+            first_step_unix_s=first_step_unix_s,
+            metrics_jsonl=str(log.path),
+            calls_by_route=trainer.clients.calls_by_route(),
+        )
+        (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+        return summary
+    finally:  # also when the run failed before its first step (both are idempotent)
+        await leases.release()
+        await trainer.clients.close()
 
 
 def _resource_metrics() -> dict[str, float]:
@@ -608,8 +632,12 @@ def print_summary(summary: RunSummary) -> None:
     warmup = "" if summary.warmup_steps is None else f", warm-up {summary.warmup_steps} steps"
     recoveries = "".join(
         f"\n  recovered at step {event.failed_step} ({', '.join(event.lost)} lost): services "
-        f"back after {event.wait_s:.1f} s, step {event.restored_step} restored in "
-        f"{event.restore_s:.1f} s"
+        f"back after {event.wait_s:.1f} s, "
+        + (
+            f"step {event.restored_step} restored in {event.restore_s:.1f} s"
+            if event.rolled_back
+            else "their state intact, nothing rolled back"
+        )
         for event in summary.recoveries
     )
     phases = "  ".join(f"{name} {seconds:.1f}" for name, seconds in summary.phases_s.items())
