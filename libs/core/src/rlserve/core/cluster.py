@@ -18,6 +18,8 @@ import ray
 from ray import serve
 from ray.serve.config import HTTPOptions, ProxyLocation, gRPCOptions
 
+from rlserve.core.message_limits import DEFAULT_LIMIT_BYTES, MESSAGE_LIMIT_ENV
+
 SERVICES = {
     "rollout": "RolloutService",
     "critic": "CriticService",
@@ -50,6 +52,8 @@ _RAY_ENV_DEFAULTS = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    # Serve's proxy would otherwise buffer messages of up to 2 GiB before any auth
+    MESSAGE_LIMIT_ENV: str(DEFAULT_LIMIT_BYTES),
 }
 DIRECT_GRPC_PORTS = range(40000, 41000)
 """Where Serve's direct ingress puts replicas' own gRPC servers (its default range)."""

@@ -10,6 +10,7 @@ from typing import Any
 from ray import serve
 
 from rlserve.core.config import validate_config
+from rlserve.core.message_limits import bounded
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.deployment import CriticDeployment
 
@@ -17,4 +18,4 @@ from rlserve.critic.deployment import CriticDeployment
 def build_app(args: dict[str, Any]) -> serve.Application:
     """The critic application for `args` (the fields of CriticServiceConfig)."""
     config = validate_config(CriticServiceConfig, args)
-    return CriticDeployment.bind(config)
+    return bounded(CriticDeployment, config.max_request_tokens).bind(config)

@@ -10,10 +10,12 @@ from typing import Any
 from ray import serve
 
 from rlserve.core.config import validate_config
+from rlserve.core.message_limits import bounded
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.deployment import ReferenceDeployment
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
     """The reference application for `args` (the fields of ReferenceServiceConfig)."""
-    return ReferenceDeployment.bind(validate_config(ReferenceServiceConfig, args))
+    config = validate_config(ReferenceServiceConfig, args)
+    return bounded(ReferenceDeployment, config.max_request_tokens).bind(config)

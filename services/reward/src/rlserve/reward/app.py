@@ -15,6 +15,7 @@ from typing import Any
 from ray import serve
 
 from rlserve.core.config import validate_config
+from rlserve.core.message_limits import REWARD_LIMIT_BYTES, with_message_limit
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.deployment import RewardDeployment
 
@@ -27,7 +28,7 @@ def deployment_options(config: RewardServiceConfig) -> dict[str, Any]:
     if config.placement.label_selector:
         actor_options["label_selector"] = dict(config.placement.label_selector)
     options: dict[str, Any] = {
-        "ray_actor_options": actor_options,
+        "ray_actor_options": with_message_limit(actor_options, REWARD_LIMIT_BYTES),
         "max_ongoing_requests": config.max_ongoing_requests,
     }
     if config.autoscaling_config is not None:

@@ -19,10 +19,12 @@ from typing import Any
 from ray import serve
 
 from rlserve.core.config import validate_config
+from rlserve.core.message_limits import bounded
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.deployment import RolloutDeployment
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
     """The rollout application for `args` (the fields of RolloutServiceConfig)."""
-    return RolloutDeployment.bind(validate_config(RolloutServiceConfig, args))
+    config = validate_config(RolloutServiceConfig, args)
+    return bounded(RolloutDeployment, config.max_request_tokens).bind(config)

@@ -29,6 +29,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlserve.core import auth, tracing
 from rlserve.core.config import ConfigError, dump_config
+from rlserve.core.message_limits import (
+    MESSAGE_LIMIT_ENV,
+    REWARD_LIMIT_BYTES,
+    message_limit_bytes,
+)
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.resources import resource_metrics
 from rlserve.core.run_config import RunConfig
@@ -436,6 +441,13 @@ def _resource_metrics() -> dict[str, float]:
         return {}
 
 
+def proxy_message_limit_bytes(config: RunConfig) -> int:
+    """The gRPC message bound of Serve's proxy for this run's services."""
+    tokens = [config.rollout.max_request_tokens, config.critic.max_request_tokens]
+    tokens.append(config.reference.max_request_tokens)
+    return max(REWARD_LIMIT_BYTES, *(message_limit_bytes(count) for count in tokens))
+
+
 def start_ray(config: RunConfig, run_dir: Path) -> bool:
     """Starts a private local Ray (no trainer.ray_address) or joins the configured one;
     returns whether it was started here."""
@@ -446,6 +458,8 @@ def start_ray(config: RunConfig, run_dir: Path) -> bool:
             # Before Ray starts: its processes, and so the replicas, inherit it.
             os.environ[auth.TOKEN_ENV] = auth.generate_token()
         close_local_ray_ports()
+        # Serve's proxy holds messages up to this bound: the largest any service takes
+        os.environ.setdefault(MESSAGE_LIMIT_ENV, str(proxy_message_limit_bytes(config)))
         temp_dir = Path("/tmp") / f"rlserve-{run_dir.name}"
         # Logical CPUs: four services with their workers need more scheduling slots than a
         # small machine has cores, and the embedded model is far too small to need them.
