@@ -247,12 +247,19 @@ def test_evaluation_and_checkpoints_are_traces_of_their_own(traced_run):
     roots = Counter(s.name for s in spans if s.parent_id is None)
     # The services' check (and reset, had an earlier run trained them) at the start;
     # evaluation before step 1 and after the last step; a checkpoint before step 1
-    # (where a recovery returns to) and one at the end.
+    # (where a recovery returns to) and one at the end; the run's leases, taken at the
+    # start, renewed every ttl_s / 3 and released at the end, one trace per round.
     assert roots["trainer.reset_services"] == 1
     assert roots["ppo.step"] == STEPS
     assert roots["trainer.evaluate"] == 2
     assert roots["trainer.checkpoint"] == 2
+    leases = sorted((s for s in spans if s.name == "trainer.lease"), key=lambda s: s.start_ns)
+    actions = [s.attributes["rlserve.action"] for s in leases]
+    assert actions[0] == "take" and actions[-1] == "release", actions
+    assert set(actions[1:-1]) <= {"renew"}, actions
+    assert all(s.parent_id is None for s in leases)
     assert set(roots) == {
+        "trainer.lease",
         "trainer.reset_services",
         "ppo.step",
         "trainer.evaluate",

@@ -3,6 +3,7 @@
 import pytest
 
 from rlserve.core.config import ConfigError, validate_config
+from rlserve.core.message_limits import REWARD_LIMIT_BYTES
 from rlserve.reward.app import build_app, deployment_options
 from rlserve.reward.config import RewardServiceConfig
 
@@ -131,6 +132,7 @@ def test_deployment_options_fixed_replicas_no_gpu_and_placement():
         "num_gpus": 0,
         "resources": {"cpu_pool": 0.001},
         "label_selector": {"pool": "cpu"},
+        "runtime_env": {"env_vars": {"RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(REWARD_LIMIT_BYTES)}},
     }
 
 
@@ -145,7 +147,11 @@ def test_deployment_options_autoscaling():
     assert options["autoscaling_config"]["max_replicas"] == 8
     assert options["autoscaling_config"]["target_ongoing_requests"] == 3
     assert "initial_replicas" not in options["autoscaling_config"]
-    assert options["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0}
+    assert options["ray_actor_options"] == {
+        "num_cpus": 1.0,
+        "num_gpus": 0,
+        "runtime_env": {"env_vars": {"RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(REWARD_LIMIT_BYTES)}},
+    }
     assert deployment_options(_config())["num_replicas"] == 1
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from rlserve.core import tracing
 from rlserve.v1 import critic_pb2, rollout_pb2
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ class LeaseKeeper:
             LeaseRefused: a service is leased by another run (named in the message).
         """
         try:
-            await asyncio.gather(*(self._lease(role) for role in self.clients))
+            with tracing.span("trainer.lease", action="take"):
+                await asyncio.gather(*(self._lease(role) for role in self.clients))
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
@@ -70,20 +72,22 @@ class LeaseKeeper:
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
-            for role in self.clients:
-                try:
-                    await self._lease(role)
-                except grpc.aio.AioRpcError as error:
-                    # A replaced replica starts unleased and is taken again on the next
-                    # renewal; a lease another run took after this one's lapsed makes the
-                    # run's next update fail with that run's name.
-                    logger.warning(
-                        "renewing the %s lease of run %s failed: %s: %s",
-                        role,
-                        self.run_id,
-                        error.code().name,
-                        error.details(),
-                    )
+            # One trace per renewal, named, rather than a bare client call per service.
+            with tracing.span("trainer.lease", action="renew"):
+                for role in self.clients:
+                    try:
+                        await self._lease(role)
+                    except grpc.aio.AioRpcError as error:
+                        # A replaced replica starts unleased and is taken again on the
+                        # next renewal; a lease another run took after this one's lapsed
+                        # makes the run's next update fail with that run's name.
+                        logger.warning(
+                            "renewing the %s lease of run %s failed: %s: %s",
+                            role,
+                            self.run_id,
+                            error.code().name,
+                            error.details(),
+                        )
 
     async def release(self) -> None:
         """Stops renewing and releases the leases (a service that is gone is skipped);
@@ -94,9 +98,11 @@ class LeaseKeeper:
         if not self._held:
             return
         self._held = False
-        results = await asyncio.gather(
-            *(self._lease(role, release=True) for role in self.clients), return_exceptions=True
-        )
+        with tracing.span("trainer.lease", action="release"):
+            results = await asyncio.gather(
+                *(self._lease(role, release=True) for role in self.clients),
+                return_exceptions=True,
+            )
         for role, result in zip(self.clients, results, strict=True):
             if isinstance(result, BaseException):
                 logger.warning("releasing the %s lease of run %s: %s", role, self.run_id, result)
