@@ -22,12 +22,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/buf lint
 
-# Two pytest sessions: the multi-node placement tests start their own simulated cluster,
-# and one process can hold only one Ray.
+# Three pytest sessions: the multi-node placement tests start their own simulated cluster
+# (one process can hold only one Ray), and the two-node tests a real one in network
+# namespaces (root only), driven from outside.
 test: lint
 	bash tools/setup_phoenix.sh
 	$(BIN)/python -m pytest
 	RLSERVE_MULTINODE_TESTS=1 $(BIN)/python -m pytest integration_tests/multinode
+	RLSERVE_NETNS_TESTS=1 $(BIN)/python -m pytest integration_tests/netns
 
 # The fast tier: no Ray cluster, no slow end-to-end runs, no lint (a few minutes).
 test-fast: $(STAMP)

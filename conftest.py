@@ -7,9 +7,11 @@ pytest_plugins = ["rlserve.core.testing"]
 
 # The multi-node tests run their own simulated cluster, and a process holds one Ray: they
 # are a second pytest session (`make test` runs both; see integration_tests/multinode).
-collect_ignore = (
-    [] if os.environ.get("RLSERVE_MULTINODE_TESTS") else ["integration_tests/multinode"]
-)
+# The two-node tests start a cluster in network namespaces (root only): a third session.
+collect_ignore = [
+    *([] if os.environ.get("RLSERVE_MULTINODE_TESTS") else ["integration_tests/multinode"]),
+    *([] if os.environ.get("RLSERVE_NETNS_TESTS") else ["integration_tests/netns"]),
+]
 
 
 def pytest_collection_modifyitems(config, items):
