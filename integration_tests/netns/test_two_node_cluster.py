@@ -63,7 +63,6 @@ class Node:
         *command: str,
         env: dict[str, str] | None = None,
         timeout_s: float = 60,
-        check: bool = False,
     ) -> subprocess.CompletedProcess:
         """Runs `command` inside this node's namespace with its HOME (its token files)."""
         full_env = {
@@ -83,9 +82,26 @@ class Node:
             *(f"{k}={v}" for k, v in full_env.items()),
             *command,
             timeout_s=timeout_s,
-            check=check,
+            check=False,
             cwd=REPO,
         )
+
+    def start(self, script: str, *args: str, pool: str, num_cpus: int) -> None:
+        """Starts this node's Ray with one of deploy/ray's scripts."""
+        started = self.run(
+            f"deploy/ray/{script}",
+            *args,
+            env={
+                "NODE_IP": self.ip,
+                "POOL": pool,
+                "NUM_CPUS": str(num_cpus),
+                "TEMP_DIR": str(self.temp_dir),
+                "OBJECT_STORE_BYTES": str(200 * 2**20),
+                "RAY": str(VENV_BIN / "ray"),
+            },
+            timeout_s=START_TIMEOUT_S,
+        )
+        assert started.returncode == 0, started.stderr[-3000:]
 
 
 @dataclass(frozen=True)
@@ -121,35 +137,11 @@ def two_nodes() -> Iterator[TwoNodes]:
             _run("ip", "-n", node.netns, "addr", "add", f"{node.ip}/24", "dev", device)
             _run("ip", "-n", node.netns, "link", "set", device, "up")
             node.home.mkdir()
-        limits = {"OBJECT_STORE_BYTES": str(200 * 2**20), "RAY": str(VENV_BIN / "ray")}
-        started = head.run(
-            "deploy/ray/start-head.sh",
-            env={
-                "NODE_IP": HEAD_IP,
-                "POOL": "gpu",
-                "NUM_CPUS": "4",
-                "TEMP_DIR": str(head.temp_dir),
-                **limits,
-            },
-            timeout_s=START_TIMEOUT_S,
-        )
-        assert started.returncode == 0, started.stderr[-3000:]
+        head.start("start-head.sh", pool="gpu", num_cpus=4)
         # The worker's own copies of the two token files start-head.sh wrote.
         for name in (".ray", ".rlserve"):
             shutil.copytree(head.home / name, worker.home / name)
-        joined = worker.run(
-            "deploy/ray/start-worker.sh",
-            f"{HEAD_IP}:{GCS_PORT}",
-            env={
-                "NODE_IP": WORKER_IP,
-                "POOL": "cheap",
-                "NUM_CPUS": "2",
-                "TEMP_DIR": str(worker.temp_dir),
-                **limits,
-            },
-            timeout_s=START_TIMEOUT_S,
-        )
-        assert joined.returncode == 0, joined.stderr[-3000:]
+        worker.start("start-worker.sh", f"{HEAD_IP}:{GCS_PORT}", pool="cheap", num_cpus=2)
         yield TwoNodes(head, worker, root)
     finally:
         for netns in (worker_ns, head_ns):
@@ -231,10 +223,10 @@ def test_a_node_without_the_token_is_refused(two_nodes, finished_run):
     intruder_home = two_nodes.root / "intruder"
     intruder_home.mkdir()
     node_count = len(_cluster_view(two_nodes)["pools"])
+    intruder = Node(
+        two_nodes.worker.netns, WORKER_IP, intruder_home, two_nodes.root / "intruder-ray"
+    )
     for env in ({"RAY_AUTH_TOKEN": "0" * 64}, {"RAY_AUTH_MODE": "disabled"}):
-        intruder = Node(
-            two_nodes.worker.netns, WORKER_IP, intruder_home, two_nodes.root / "intruder-ray"
-        )
         joined = intruder.run(
             "ray",
             "start",
@@ -259,10 +251,10 @@ def test_a_node_without_the_token_is_refused(two_nodes, finished_run):
     assert "no token file" in refused.stderr and "auth_token" in refused.stderr
 
 
-# README, Security model, "What listens where", as rules: (process, where it may bind,
-# which ports). "any" = every interface; "loopback" = 127.0.0.1 only; "node" = the node's
-# own address (or loopback). Ray's worker ports are 10002-19999; an app process may also
-# hold ephemeral ports (gloo, torch.distributed's store).
+# README, Security model, "What listens where", as rules: which process may listen on
+# which ports, on which node, and which of them only on 127.0.0.1. Ray's worker ports are
+# 10002-19999; the worker groups also hold ephemeral ports (torch.distributed's), and so
+# does every replica that loads torch (one port each, its opener not identified).
 RAY_WORKER_PORTS = range(10002, 20000)
 EPHEMERAL = range(32768, 61000)
 DIRECT_INGRESS_GRPC, DIRECT_INGRESS_HTTP = range(40000, 41000), range(30000, 31000)
@@ -294,19 +286,19 @@ def _documented(process: str, host: str, port: int, head: bool) -> bool:
 
 
 def _process_name(pid: int) -> str:
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    text = " ".join(part.decode(errors="replace") for part in argv)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    text = " ".join(argv)
     if "dashboard/dashboard.py" in text:
         return "dashboard"
     if "autoscaler/_private/monitor.py" in text:
         return "autoscaler"
     if "ray.util.client.server" in text:
         return "ray_client_server"
-    if "gcs_server" in argv[0].decode(errors="replace"):
+    name = argv[0].strip()
+    if "gcs_server" in name:
         return "gcs_server"
-    if argv[0].decode(errors="replace").endswith("raylet"):
+    if name.endswith("raylet"):
         return "raylet"
-    name = argv[0].decode(errors="replace").strip()
     # "ray::ServeReplica:reward:RewardDeployment", "ray::ServeController.listen_for_change"
     if not name.startswith("ray::"):
         return name
@@ -326,15 +318,16 @@ def _listening(node: Node) -> list[tuple[str, str, int]]:
 
 def test_each_node_listens_only_where_documented(two_nodes, finished_run):
     assert finished_run.returncode == 0
-    for node, head in ((two_nodes.head, True), (two_nodes.worker, False)):
-        sockets = _listening(node)
+    head_sockets, worker_sockets = _listening(two_nodes.head), _listening(two_nodes.worker)
+    for node, sockets, head in (
+        (two_nodes.head, head_sockets, True),
+        (two_nodes.worker, worker_sockets, False),
+    ):
         assert sockets, node
         undocumented = [s for s in sockets if not _documented(*s, head=head)]
         assert not undocumented, f"{node.netns}: {undocumented}"
-    head_sockets = _listening(two_nodes.head)
     assert ("dashboard", "127.0.0.1", 8265) in head_sockets
     assert any(p == "ray::ProxyActor" and port == SERVE_GRPC_PORT for p, _, port in head_sockets)
-    worker_sockets = _listening(two_nodes.worker)
     assert any(
         p == "ray::ServeReplica" and port in DIRECT_INGRESS_GRPC for p, _, port in worker_sockets
     )
