@@ -10,7 +10,7 @@ import time
 import pytest
 from ray import serve
 
-from benchmarks.bench_tracing_cost import MODES, format_table, measure, summarise
+from benchmarks.bench_tracing_cost import MODES, StepTime, format_table, measure, summarise
 from benchmarks.otlp_sink import OtlpSink
 from integration_tests.support import TRACED_SERVICES as SERVICES
 from integration_tests.support import run_inputs, tiny_run_config
@@ -41,7 +41,26 @@ def test_benchmark_runs_every_mode_and_traces_when_on(serve_cluster, embedded, t
     assert [s.step for s in samples] == [2, 3, 4]  # after one warm-up step
     summaries = summarise(samples)
     assert [s.mode for s in summaries] == [mode for mode, _ in MODES]
-    assert summaries[0].overhead_pct == 0.0
     assert all(s.mean_s > 0 for s in summaries)
     assert "on 0.01" in format_table(summaries)
     assert set(counts) == SERVICES, counts
+
+
+def test_overhead_is_each_modes_mean_against_off_with_a_standard_error_over_rounds():
+    # two rounds; "on 1.0" is 10% and 30% slower than "off" in them, "on 0.01" 0% and 2%
+    per_round = {"off": (1.0, 2.0), "on 1.0": (1.1, 2.6), "on 0.01": (1.0, 2.04)}
+    samples = [
+        StepTime(round=r, mode=mode, step=step, seconds=values[r])
+        for mode, values in per_round.items()
+        for r in (0, 1)
+        for step in (0, 1)
+    ]
+    off, on, sampled = summarise(samples)
+    assert (off.mode, off.steps, off.mean_s, off.median_s) == ("off", 4, 1.5, 1.5)
+    assert off.overhead_pct == pytest.approx(0.0) and off.overhead_se_pct == pytest.approx(0.0)
+    # overhead: the modes' means over all steps (1.85 against 1.5)
+    assert on.overhead_pct == pytest.approx(100 * (1.85 / 1.5 - 1))
+    # its standard error: of the per-round ratios 10% and 30%
+    assert on.overhead_se_pct == pytest.approx(10.0)
+    assert sampled.overhead_pct == pytest.approx(100 * (1.52 / 1.5 - 1))
+    assert sampled.overhead_se_pct == pytest.approx(1.0)
