@@ -40,7 +40,7 @@ def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> dict:
 
 @pytest.mark.parametrize("seed", [2, 3])
 def test_ppo_raises_held_out_accuracy_by_20_points_within_10_minutes(seed, tmp_path):
-    """The default run on two seeds other than README's 0. On this machine kind they
+    """The default run on two seeds other than the demo's 0. On this machine kind they
     gained +37.4 and +41.8 points (+20 after 24 s of RL); seeds 0 and 1 gain only
     +21 to +23, too close to the bar for a test (see benchmarks/bench_learning.py)."""
     summary = _train(tmp_path, f"trainer.seed={seed}")

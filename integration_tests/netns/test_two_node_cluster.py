@@ -2,7 +2,7 @@
 joined by a veth pair, started by deploy/ray/start-head.sh and start-worker.sh with their
 own copies of the token files. Checks where reward runs, that a run completes across
 both nodes, that a node without the token is refused, and that each node listens only on
-the sockets README's Security model documents.
+the sockets docs/reliability-and-security.md documents.
 
 Needs root and iproute2 (`ip netns`); run with `RLSERVE_NETNS_TESTS=1 pytest
 integration_tests/netns` (`make test` does, as a session of its own).
@@ -251,7 +251,7 @@ def test_a_node_without_the_token_is_refused(two_nodes, finished_run):
     assert "no token file" in refused.stderr and "auth_token" in refused.stderr
 
 
-# README, Security model, "What listens where", as rules: which process may listen on
+# docs/reliability-and-security.md, "What listens where", as rules: which process may listen on
 # which ports, on which node, and which of them only on 127.0.0.1. Ray's worker ports are
 # 10002-19999; the worker groups also hold ephemeral ports (torch.distributed's), and so
 # does every replica that loads torch (one port each, its opener not identified).

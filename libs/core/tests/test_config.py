@@ -28,7 +28,7 @@ from rlserve.core.run_config import (
     data_format,
 )
 
-# GRPO's recipe, the one copy README and the benchmarks use too.
+# GRPO's recipe, the one copy docs/algorithms.md and the benchmarks use too.
 GRPO = EMBEDDED_GRPO_CONFIG_PATH
 
 
@@ -351,8 +351,8 @@ def test_micro_batch_must_divide_each_workers_share():
 
 
 def test_unset_batch_sizes_follow_the_ones_set():
-    """A user who sets one size is not made to set three (README's real-model command
-    set only trainer.prompts_per_step=8 and failed twice)."""
+    """A user who sets one size is not made to set three (the real-model command of
+    docs/real-models.md set only trainer.prompts_per_step=8 and failed twice)."""
     small = load("trainer.prompts_per_step=8", "rollout.responses_per_prompt=4")
     assert (small.actor.ppo_mini_batch_prompts, small.actor.micro_batch_samples) == (8, 32)
     assert (small.critic.ppo_mini_batch_prompts, small.critic.micro_batch_samples) == (8, 32)

@@ -84,7 +84,7 @@ EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_def
 EMBEDDED_GRPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_grpo.yaml"
 EMBEDDED_DAPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_dapo.yaml"
 """GRPO's recipe for the embedded default: the settings it changes, and why (the one
-copy: README, tests and benchmarks load this file)."""
+copy: docs/algorithms.md, tests and benchmarks load this file)."""
 
 ONE_STEP_OFF_IS_CAP = 2.0
 """The rollout correction's cap when rollout.mode is one_step_off and

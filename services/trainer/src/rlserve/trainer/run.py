@@ -113,7 +113,7 @@ class RunSummary:
     calls_by_route: dict[str, int] = field(default_factory=dict)
     """The trainer's calls to the services, by the route that answered them: `handle`
     (a large batch through Ray's object store), `direct` (gRPC to the replica's own
-    port) or `proxy` (Serve's gRPC proxy); see README, "How calls reach a service"."""
+    port) or `proxy` (Serve's gRPC proxy); see docs/architecture.md, "How calls reach a service"."""
 
 
 def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
