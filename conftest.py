@@ -1,9 +1,77 @@
-# Shared fixtures (one Ray + Serve per session, tiny models) for every package's tests.
-import os
+"""Shared fixtures for every package's tests, and the sessions' collection rules.
 
+One local Ray cluster and one Serve instance per test session (starting one costs
+≈ 20 s); tiny models are built in the test, never downloaded. Authentication is on for
+the session: the cluster's replicas inherit a token set before Ray starts, and tests send
+it through rlserve.core.rpc.call_metadata like every client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
 import pytest
 
-pytest_plugins = ["rlserve.core.testing"]
+if TYPE_CHECKING:  # torch is imported by the tests that use it, not by every session
+    from rlserve.core.batch import Batch
+
+# Enough logical CPUs for several services with two workers each; the work itself is
+# tiny, so 2 physical cores carry it.
+TEST_CLUSTER_CPUS = 16
+
+
+@dataclass(frozen=True)
+class ServeCluster:
+    grpc_address: str
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(
+            self.grpc_address,
+            options=[("grpc.max_receive_message_length", 256 * 2**20)],
+        )
+
+
+@pytest.fixture(scope="session")
+def serve_cluster() -> Iterator[ServeCluster]:
+    import ray
+    from ray import serve
+
+    from rlserve.core import auth
+    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
+
+    # Before Ray starts: its processes, and so the replicas, inherit the environment.
+    if auth.expected_token() is None:
+        os.environ[auth.TOKEN_ENV] = auth.generate_token()
+    # Short path: Ray's unix sockets live under it (108-byte limit).
+    temp_dir = Path(tempfile.mkdtemp(prefix="rlray"))
+    start_local_ray(num_cpus=TEST_CLUSTER_CPUS, temp_dir=temp_dir)
+    grpc_port = start_serve_on_a_free_port()
+    yield ServeCluster(grpc_address=f"127.0.0.1:{grpc_port}")
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised tiny Llama + character tokenizer in HF format."""
+    from rlserve.core.embedded.model import build_tiny_llama, save_model
+    from rlserve.core.embedded.tokenizer import save_char_tokenizer
+
+    directory = tmp_path_factory.mktemp("tiny_llama")
+    tokenizer = save_char_tokenizer(directory)
+    model = build_tiny_llama(
+        tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0
+    )
+    save_model(model, directory)
+    return directory
+
 
 # The multi-node tests run their own simulated cluster, and a process holds one Ray: they
 # are a second pytest session (`make test` runs both; see integration_tests/multinode).
@@ -20,3 +88,48 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "serve_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+
+
+class InProcessGroup:
+    """WorkerGroup's async interface over workers living in this process, already
+    initialised: the real WorkerGroup needs Ray; this runs the same worker code
+    directly, so a service's controller is testable without a cluster."""
+
+    def __init__(self, workers: Sequence[Any], threaded: bool = False):
+        self.workers = list(workers)
+        # threaded: run each call in a thread, so the event loop stays free while the
+        # workers compute (as with Ray actors) and deadlines can pass mid-call.
+        self.threaded = threaded
+
+    async def _call(self, worker: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        bound = getattr(worker, method)
+        if self.threaded:
+            return await asyncio.to_thread(bound, *args, **kwargs)
+        return bound(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def dead_workers(self) -> list[str]:
+        return []  # in this process: alive while the test is
+
+    async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [await self._call(worker, method, *args, **kwargs) for worker in self.workers]
+
+    async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
+        from rlserve.core.batch import Batch
+
+        chunks, pad_count = batch.split(len(self.workers))
+        return Batch.collect(await self.run_each(method, chunks, **kwargs), pad_count)
+
+    async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list[Any]:
+        return [
+            await self._call(worker, method, item, **kwargs)
+            for worker, item in zip(self.workers, per_rank, strict=True)
+        ]
+
+
+@pytest.fixture(scope="session")
+def in_process_group() -> type[InProcessGroup]:
+    """InProcessGroup(workers, threaded=False): WorkerGroup's interface without Ray."""
+    return InProcessGroup

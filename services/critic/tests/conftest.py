@@ -1,9 +1,6 @@
-"""Fixtures of the critic tests: sequence batches, an exported critic, in-process workers."""
+"""Fixtures of the critic tests: sequence batches and an exported critic."""
 
-import asyncio
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -58,52 +55,7 @@ def critic_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     return directory
 
 
-class InProcessGroup:
-    """WorkerGroup's async interface over workers living in this process (world size 1).
-
-    The real WorkerGroup needs Ray; this runs the same worker code directly, so the
-    controller's logic is testable without a cluster.
-    """
-
-    def __init__(self, workers: Sequence[Any], threaded: bool = False):
-        self.workers = list(workers)
-        # threaded: run each call in a thread, so the event loop stays free while the
-        # workers compute (as with Ray actors) and deadlines can pass mid-call.
-        self.threaded = threaded
-
-    async def _call(self, worker: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        bound = getattr(worker, method)
-        if self.threaded:
-            return await asyncio.to_thread(bound, *args, **kwargs)
-        return bound(*args, **kwargs)
-
-    def __len__(self) -> int:
-        return len(self.workers)
-
-    def dead_workers(self) -> list[str]:
-        return []  # in this process: alive while the test is
-
-    async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [await self._call(worker, method, *args, **kwargs) for worker in self.workers]
-
-    async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
-        chunks, pad_count = batch.split(len(self.workers))
-        return Batch.collect(await self.run_each(method, chunks, **kwargs), pad_count)
-
-    async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list[Any]:
-        return [
-            await self._call(worker, method, item, **kwargs)
-            for worker, item in zip(self.workers, per_rank, strict=True)
-        ]
-
-
 @pytest.fixture(scope="session")
 def make_batch():
     """sequence_batch(rows, prompt_len=6, response_len=5, seed=0) -> Batch."""
     return sequence_batch
-
-
-@pytest.fixture(scope="session")
-def in_process_group():
-    """InProcessGroup(workers): WorkerGroup's interface without Ray."""
-    return InProcessGroup

@@ -17,7 +17,6 @@ from rlserve.core.training import weights_only_load
 from rlserve.core.workers import init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.controller import (
-    LocalWorkers,
     RolloutController,
     controller_settings,
     update_row_plan,
@@ -54,6 +53,8 @@ def prompts_batch() -> Batch:
 class Service:
     """A controller over one in-process worker, driven on one event loop."""
 
+    group: type  # the root conftest's in-process group (set by use_in_process_group)
+
     def __init__(self, model_dir, **overrides):
         defaults = {"ppo_mini_batch_samples": 4, "micro_batch_samples": 2, "lr": 1e-2,
                     "ppo_epochs": 1}  # fmt: skip
@@ -61,7 +62,7 @@ class Service:
         self.worker = ActorWorker(rank=0, world_size=1, **actor_worker_kwargs(config))
         self.worker.init_distributed("127.0.0.1", free_port())
         settings = controller_settings(config, **self.worker.model_limits())
-        self.controller = RolloutController(LocalWorkers([self.worker]), settings)
+        self.controller = RolloutController(self.group([self.worker]), settings)
         self.loop = asyncio.new_event_loop()
 
     def __getattr__(self, name):
@@ -77,6 +78,11 @@ class Service:
         tensors["old_log_probs"] = log_probs["log_probs"]
         tensors["advantages"] = advantage * mask
         return Batch(tensors, meta=batch.meta)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def use_in_process_group(in_process_group):
+    Service.group = in_process_group
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,8 @@ It owns what is service-wide rather than per rank:
 - **Request size.** `max_batch_samples` bounds the rows a request carries or makes and
   `max_request_tokens` its token positions (rows × sequence length), before any work.
 
-`workers` is a `rlserve.core.workers.WorkerGroup` of ActorWorkers in the service, or a
-`LocalWorkers` (below) holding one in-process ActorWorker in unit tests.
+`workers` is a `rlserve.core.workers.WorkerGroup` of ActorWorkers in the service (in
+unit tests, the root conftest's in-process group with the same interface).
 """
 
 from __future__ import annotations
@@ -103,32 +103,6 @@ class Workers(Protocol):
     def dead_workers(self) -> list[str]: ...
 
 
-class LocalWorkers:
-    """WorkerGroup's interface over in-process workers (already initialised)."""
-
-    def __init__(self, workers: Sequence[Any]):
-        self.workers = list(workers)
-
-    def __len__(self) -> int:
-        return len(self.workers)
-
-    async def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(worker, method)(*args, **kwargs) for worker in self.workers]
-
-    def dead_workers(self) -> list[str]:
-        return []  # in this process: alive while the caller is
-
-    async def run_split(self, method: str, batch: Batch, **kwargs: Any) -> Batch:
-        chunks, pad_count = batch.split(len(self.workers))
-        return Batch.collect(await self.run_each(method, chunks, **kwargs), pad_count)
-
-    async def run_each(self, method: str, per_rank: Sequence[Any], **kwargs: Any) -> list:
-        return [
-            getattr(worker, method)(item, **kwargs)
-            for worker, item in zip(self.workers, per_rank, strict=True)
-        ]
-
-
 @dataclass(frozen=True)
 class UpdateRecord:
     """What an applied UpdateActor answered, kept for retries."""
@@ -170,7 +144,7 @@ class ControllerSettings:
     worker_call_timeout_s: float
     loss_normalizer: str = "micro_batch"
     """"mini_batch": each row carries its mini-batch's token and sequence counts, and the
-    workers normalise their loss by them (rlserve.core.ppo_math.mini_batch_loss_scale)."""
+    workers normalise their loss by them (rlserve.core.algos.aggregation.mini_batch_loss_scale)."""
     serve_reference: bool = False
     """Workers hold frozen initial weights and answer ComputeRefLogProb."""
     checkpoint_root: str | None = None
