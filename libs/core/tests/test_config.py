@@ -8,7 +8,18 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from rlserve.core import ppo_math as pm
+from rlserve.core.algos.advantage_registry import (
+    ADVANTAGE_ESTIMATOR_NOTES,
+    ADVANTAGE_ESTIMATORS,
+    needs_critic,
+)
+from rlserve.core.algos.aggregation import LOSS_AGG_MODE_NOTES, LOSS_AGG_MODES
+from rlserve.core.algos.kl import KL_KIND_NOTES, KL_KINDS
+from rlserve.core.algos.policy_loss_registry import (
+    POLICY_LOSS_NOTES,
+    POLICY_LOSSES,
+    resolve_clip_ratios,
+)
 from rlserve.core.config import (
     ConfigError,
     ConfigModel,
@@ -66,7 +77,7 @@ def test_defaults_are_the_measured_ppo_recipe():
     assert c.algorithm.whiten_advantages
     # unset clip ratios are the loss's own: PPO's 0.2 for the default 'vanilla'
     assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high) == (None, None)
-    assert pm.resolve_clip_ratios(c.actor.policy_loss, None, None) == (0.2, 0.2)
+    assert resolve_clip_ratios(c.actor.policy_loss, None, None) == (0.2, 0.2)
     assert c.actor.ppo_epochs == 2
     assert (c.model.tiny.hidden_size, c.model.tiny.num_layers) == (128, 4)
     assert (c.data.arithmetic.train_pairs, c.data.arithmetic.eval_pairs) == (8000, 2000)
@@ -218,9 +229,9 @@ def test_bad_literal_and_bounds_are_all_reported():
     assert "3 problems" in str(err)
 
 
-def test_algorithm_names_come_from_the_ppo_math_registries():
+def test_algorithm_names_come_from_the_algos_registries():
     # every registered name is accepted where its family is chosen
-    for estimator in pm.ADVANTAGE_ESTIMATORS:
+    for estimator in ADVANTAGE_ESTIMATORS:
         config = load(
             f"algorithm.adv_estimator={estimator}",
             "rollout.responses_per_prompt=8",
@@ -228,13 +239,13 @@ def test_algorithm_names_come_from_the_ppo_math_registries():
             "actor.ppo_mini_batch_prompts=16",
             "critic.ppo_mini_batch_prompts=16",
         )
-        assert config.needs_critic == pm.needs_critic(estimator)
-    for loss in pm.POLICY_LOSSES:
+        assert config.needs_critic == needs_critic(estimator)
+    for loss in POLICY_LOSSES:
         assert load(f"actor.policy_loss={loss}").actor.policy_loss == loss
-    for kind in pm.KL_KINDS:
+    for kind in KL_KINDS:
         c = load(f"algorithm.kl_penalty={kind}", f"actor.kl_loss_kind={kind}")
         assert (c.algorithm.kl_penalty, c.actor.kl_loss_kind) == (kind, kind)
-    for mode in pm.LOSS_AGG_MODES:
+    for mode in LOSS_AGG_MODES:
         assert load(f"actor.loss_agg_mode={mode}").actor.loss_agg_mode == mode
     assert RunConfig().actor.policy_loss == "vanilla"
     assert RunConfig().algorithm.norm_adv_by_std_in_grpo
@@ -284,11 +295,11 @@ def test_loss_knobs_that_would_do_nothing_are_errors():
 def test_describe_lists_every_algorithm_choice_with_its_paper():
     text = describe_config(RunConfig)
     families = {
-        "algorithm.adv_estimator": pm.ADVANTAGE_ESTIMATOR_NOTES,
-        "actor.policy_loss": pm.POLICY_LOSS_NOTES,
-        "algorithm.kl_penalty": pm.KL_KIND_NOTES,
-        "actor.kl_loss_kind": pm.KL_KIND_NOTES,
-        "actor.loss_agg_mode": pm.LOSS_AGG_MODE_NOTES,
+        "algorithm.adv_estimator": ADVANTAGE_ESTIMATOR_NOTES,
+        "actor.policy_loss": POLICY_LOSS_NOTES,
+        "algorithm.kl_penalty": KL_KIND_NOTES,
+        "actor.kl_loss_kind": KL_KIND_NOTES,
+        "actor.loss_agg_mode": LOSS_AGG_MODE_NOTES,
     }
     lines = text.splitlines()
     for field, notes in families.items():

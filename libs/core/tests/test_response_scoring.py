@@ -5,8 +5,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlserve.core.algos.aggregation import entropy_from_logits
 from rlserve.core.modeling import log_probs_from_logits, response_logits
-from rlserve.core.ppo_math import entropy_from_logits
 from rlserve.core.response_scoring import score_responses, trim_padding
 
 

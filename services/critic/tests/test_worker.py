@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
+from rlserve.core.algos.value import value_loss
 from rlserve.core.cluster import free_port
-from rlserve.core.ppo_math import value_loss
 from rlserve.core.rank_worker import RankSetup
 from rlserve.core.training import OptimizerSettings
 from rlserve.critic.model import load_value_model, response_values

@@ -75,15 +75,18 @@ def test_a_context_overflow_found_after_loading_is_a_config_error_exit_2(tmp_pat
 
 
 def test_config_describe_lists_the_algorithm_catalogue(capsys):
-    from rlserve.core import ppo_math
+    from rlserve.core.algos.advantage_registry import ADVANTAGE_ESTIMATOR_NOTES
+    from rlserve.core.algos.aggregation import LOSS_AGG_MODE_NOTES
+    from rlserve.core.algos.kl import KL_KIND_NOTES
+    from rlserve.core.algos.policy_loss_registry import POLICY_LOSS_NOTES
 
     assert cli.main(["config", "--describe"]) == 0
     text = capsys.readouterr().out
     notes = (
-        ppo_math.ADVANTAGE_ESTIMATOR_NOTES,
-        ppo_math.POLICY_LOSS_NOTES,
-        ppo_math.KL_KIND_NOTES,
-        ppo_math.LOSS_AGG_MODE_NOTES,
+        ADVANTAGE_ESTIMATOR_NOTES,
+        POLICY_LOSS_NOTES,
+        KL_KIND_NOTES,
+        LOSS_AGG_MODE_NOTES,
     )
     for family in notes:
         for name, note in family.items():

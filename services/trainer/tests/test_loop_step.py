@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
+from rlserve.core.algos.advantages import grpo_advantages
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.config import validate_config
 from rlserve.core.modeling import load_tokenizer
-from rlserve.core.ppo_math import grpo_advantages
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.checkpoint import checkpoint_dir, latest_checkpoint, read_trainer_state
 from rlserve.trainer.data import PromptRow

@@ -27,19 +27,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlserve.core.config import ConfigError, ConfigModel
-from rlserve.core.devices import DeviceSetting
-from rlserve.core.ppo_math import (
+from rlserve.core.algos.advantage_registry import (
     ADVANTAGE_ESTIMATOR_NOTES,
-    KL_KIND_NOTES,
-    LOSS_AGG_MODE_NOTES,
-    POLICY_LOSS_NOTES,
-    SINGLETON_GROUP_CHOICES,
-    AlgorithmNote,
     estimator_needs,
     needs_group_ids,
 )
-from rlserve.core.ppo_math import needs_critic as estimator_needs_critic
+from rlserve.core.algos.advantage_registry import needs_critic as estimator_needs_critic
+from rlserve.core.algos.advantages import SINGLETON_GROUP_CHOICES
+from rlserve.core.algos.aggregation import LOSS_AGG_MODE_NOTES
+from rlserve.core.algos.kl import KL_KIND_NOTES
+from rlserve.core.algos.notes import AlgorithmNote
+from rlserve.core.algos.policy_loss_registry import POLICY_LOSS_NOTES
+from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.devices import DeviceSetting
 from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.vllm_config import VllmConfig
 
@@ -90,8 +90,8 @@ ONE_STEP_OFF_IS_CAP = 2.0
 """The rollout correction's cap when rollout.mode is one_step_off and
 algorithm.rollout_is_cap is null."""
 
-# The choices of the algorithm fields are the PPO math registries' names (one list, in
-# rlserve.core.ppo_math), so the config accepts exactly what is implemented and an
+# The choices of the algorithm fields are the PPO math registries' names (one list each,
+# in rlserve.core.algos), so the config accepts exactly what is implemented and an
 # unknown name fails validation, naming the field and every valid choice.
 AdvEstimator = Literal[tuple(ADVANTAGE_ESTIMATOR_NOTES)]  # type: ignore[valid-type]
 PolicyLossName = Literal[tuple(POLICY_LOSS_NOTES)]  # type: ignore[valid-type]

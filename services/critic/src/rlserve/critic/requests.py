@@ -23,7 +23,7 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class ValueLossSettings:
-    """The clipped value loss's knobs (rlserve.core.ppo_math.value_loss), per worker."""
+    """The clipped value loss's knobs (rlserve.core.algos.value.value_loss), per worker."""
 
     cliprange_value: float
     loss_agg_mode: str

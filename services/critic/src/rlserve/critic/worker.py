@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from rlserve.core import tracing
+from rlserve.core.algos.value import value_loss
 from rlserve.core.batch import Batch
-from rlserve.core.ppo_math import value_loss
 from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
 from rlserve.core.serving import until_deadline

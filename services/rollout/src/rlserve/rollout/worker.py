@@ -39,16 +39,13 @@ from typing import Any
 import torch
 
 from rlserve.core import tracing
+from rlserve.core.algos.aggregation import aggregate_loss, mini_batch_loss_scale
+from rlserve.core.algos.kl import kl_loss
+from rlserve.core.algos.policy_loss_registry import get_policy_loss
 from rlserve.core.batch import Batch
 from rlserve.core.config import fields_from
 from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, save_adapter
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
-from rlserve.core.ppo_math import (
-    aggregate_loss,
-    get_policy_loss,
-    kl_loss,
-    mini_batch_loss_scale,
-)
 from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import (
     DEFAULT_CHUNK_TOKENS,
@@ -102,12 +99,12 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class PolicyLossSettings:
-    """The policy loss and its knobs (see rlserve.core.ppo_math.POLICY_LOSSES)."""
+    """The policy loss and its knobs (see rlserve.core.algos.policy_loss_registry)."""
 
     policy_loss: str
-    """Name in ppo_math.POLICY_LOSSES ("vanilla" = PPO clip, "gspo", "cispo", ...)."""
+    """Name in policy_loss_registry.POLICY_LOSSES ("vanilla" = PPO clip, "gspo", "cispo", ...)."""
     clip_ratio_low: float | None
-    """None = the loss's own default (ppo_math.DEFAULT_CLIP_RATIOS)."""
+    """None = the loss's own default (policy_loss_registry.resolve_clip_ratios)."""
     clip_ratio_high: float | None
     clip_ratio_dual: float | None
     loss_agg_mode: str

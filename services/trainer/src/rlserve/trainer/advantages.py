@@ -9,16 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from rlserve.core.batch import Batch
-from rlserve.core.ppo_math import (
+from rlserve.core.algos.advantage_registry import (
     EstimatorInputs,
     estimator_needs,
     get_advantage_estimator,
-    kl_metrics,
-    kl_penalty,
-    masked_mean,
-    token_rewards_with_kl_penalty,
 )
+from rlserve.core.algos.kl import kl_metrics, kl_penalty, token_rewards_with_kl_penalty
+from rlserve.core.algos.masked import masked_mean
+from rlserve.core.batch import Batch
 from rlserve.core.run_config import RunConfig
 
 BATCH_KEYS = {
@@ -34,7 +32,7 @@ BATCH_KEYS = {
 @dataclass(frozen=True)
 class AdvantageSettings:
     estimator: str
-    """Name in ppo_math.ADVANTAGE_ESTIMATORS ("gae", "grpo", ...)."""
+    """Name in advantage_registry.ADVANTAGE_ESTIMATORS ("gae", "grpo", ...)."""
     gamma: float
     lam: float
     whiten_advantages: bool
@@ -42,9 +40,9 @@ class AdvantageSettings:
     norm_adv_by_std: bool
     """"grpo" divides by the group std (False: Dr. GRPO)."""
     singleton_groups: str
-    """What a group of one sample gets ("zero" or "score"; ppo_math.SINGLETON_GROUP_CHOICES)."""
+    """What a group of one sample gets ("zero" or "score"; advantages.SINGLETON_GROUP_CHOICES)."""
     kl_kind: str
-    """KL estimator for the in-reward penalty (a name in ppo_math.KL_KINDS)."""
+    """KL estimator for the in-reward penalty (a name in algos.kl.KL_KINDS)."""
     kl_in_reward: bool
     """Penalise KL in the token rewards (False when the actor uses a KL loss instead)."""
 

@@ -43,17 +43,13 @@ from typing import Any
 import torch
 
 from rlserve.core import tracing
+from rlserve.core.algos.advantage_registry import estimator_needs
+from rlserve.core.algos.dapo import overlong_penalty, truncated_responses
+from rlserve.core.algos.kl import AdaptiveKLController, FixedKLController
+from rlserve.core.algos.masked import masked_mean
+from rlserve.core.algos.rollout_correction import truncated_is_weights
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
-from rlserve.core.ppo_math import (
-    AdaptiveKLController,
-    FixedKLController,
-    estimator_needs,
-    masked_mean,
-    overlong_penalty,
-    truncated_is_weights,
-    truncated_responses,
-)
 from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.advantages import (

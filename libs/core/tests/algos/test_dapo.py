@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlserve.core.ppo_math import overlong_penalty, truncated_responses
+from rlserve.core.algos.dapo import overlong_penalty, truncated_responses
 
 
 def test_overlong_penalty_by_hand():
