@@ -17,10 +17,17 @@ Prints per round: episodes/s of each, rlserve's step split (generate = waiting f
 step's batch, forwards, updates), its start-up (the command's process start to its first
 step, with the phases) and the whole command's time; the cores each kept busy (the
 baseline: its own CPU time; rlserve: the whole machine's, from /proc/stat, over its
-counted steps); then the medians, rlserve / baseline per mode, one_step_off / sync, and
-the ceiling: the baseline's work run again with one torch thread measures its CPU
-seconds per step without intra-op threading; that work spread over every core without
-overhead is the fastest any split of it (services, pipelining) could run here.
+counted steps) and rlserve's CPU seconds per step split by process (each worker, each
+service's replica, the trainer, Ray and Serve's own processes); then the medians,
+rlserve / baseline per mode, CPU seconds per step against the baseline's (its own
+process's), one_step_off / sync, and the ceiling: the baseline's work run again with one
+torch thread measures its CPU seconds per step without intra-op threading; that work
+spread over every core without overhead is the fastest any split of it (services,
+pipelining) could run here. That one-thread figure is a floor no parallel run reaches on
+these machines: a process's CPU seconds for the same work grow by a third while another
+process keeps the other core busy (the same ActorWorker steps, in-process: 0.067 CPU s
+per generate alone, 0.092 with a second copy running; the baseline itself spends ≈ 1.25x
+its one-thread CPU seconds on 2 threads).
 """
 
 import argparse
@@ -33,7 +40,7 @@ import time
 from pathlib import Path
 
 import torch
-from sampling import MachineCpuSampler
+from sampling import MachineCpuSampler, ProcessCpuSampler
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlserve.core.embedded.prepare import prepare_embedded_default
@@ -110,6 +117,7 @@ def run_rlserve(
     mode: str,
     args,
     cpu: MachineCpuSampler,
+    processes: ProcessCpuSampler,
 ) -> dict:
     overrides = [
         *workload_overrides(model_dir, reward_dir, prompts, args.steps),
@@ -144,6 +152,10 @@ def run_rlserve(
         "episodes_per_s": 64 / step_s,
         "mean_step_s": step_s,
         "busy_cores": cpu.busy_cores(counted_start, counted_end),
+        "cpu_s_per_step_by_role": {
+            role: per_s * step_s
+            for role, per_s in processes.cpu_s_by_role(counted_start, counted_end).items()
+        },
         "stages_s": {stage: mean(f"time/{stage}_s") for stage in STAGES},
         "command_s": command_s,
         "startup_s": summary["startup_s"],
@@ -169,7 +181,8 @@ def main() -> None:
     one_thread: list[dict] = []  # the same work, each operation on one core
     ours: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     cpu = MachineCpuSampler()
-    with cpu.sampling():
+    processes = ProcessCpuSampler()
+    with cpu.sampling(), processes.sampling():
         for round_index in range(args.rounds):
             baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
             base = baseline[-1]
@@ -188,18 +201,24 @@ def main() -> None:
             )
             for mode in args.modes:
                 run_parent = root / f"runs{round_index}_{mode}"
-                mine = run_rlserve(model_dir, reward_dir, prompts, run_parent, mode, args, cpu)
+                mine = run_rlserve(
+                    model_dir, reward_dir, prompts, run_parent, mode, args, cpu, processes
+                )
                 ours[mode].append(mine)
                 stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
                 startup = mine["startup_phases_s"]
                 phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+                by_role = "  ".join(
+                    f"{role} {cpu_s:.3f}" for role, cpu_s in mine["cpu_s_per_step_by_role"].items()
+                )
                 print(
                     f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
                     f"({mine['mean_step_s']:.3f} s/step: {stages}); "
                     f"machine {mine['busy_cores']:.2f} cores busy = "
                     f"{mine['busy_cores'] * mine['mean_step_s']:.3f} CPU s/step\n"
                     f"    command start to first step {mine['startup_s']:.1f} s ({phases}); "
-                    f"whole command {mine['command_s']:.1f} s",
+                    f"whole command {mine['command_s']:.1f} s\n"
+                    f"    CPU s/step by process: {by_role}",
                     flush=True,
                 )
     base_eps = statistics.median(b["episodes_per_s"] for b in baseline)
@@ -217,8 +236,14 @@ def main() -> None:
     medians = {
         mode: statistics.median(o["episodes_per_s"] for o in runs) for mode, runs in ours.items()
     }
+    base_cpu_s = statistics.median(b["cpu_s_per_step"] for b in baseline)
     for mode, eps in medians.items():
-        print(f"  rlserve {mode} {eps:.1f} eps/s, rlserve / single process = {eps / base_eps:.2f}")
+        cpu_s = statistics.median(o["busy_cores"] * o["mean_step_s"] for o in ours[mode])
+        print(
+            f"  rlserve {mode} {eps:.1f} eps/s, rlserve / single process = {eps / base_eps:.2f}; "
+            f"CPU s per step {cpu_s:.3f} = {cpu_s / base_cpu_s:.2f}x the single process's "
+            f"{base_cpu_s:.3f} ({cpu_s / work_cpu_s:.2f}x its work at one thread)"
+        )
     if {"sync", "one_step_off"} <= set(medians):
         gain = medians["one_step_off"] / medians["sync"]
         print(f"  one_step_off / sync = {gain:.2f}")

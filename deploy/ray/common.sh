@@ -39,11 +39,16 @@ export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP="${RAY_SERVE_RUN_ROUTER_IN_SEPARATE
 export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S="${RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S:-0}"
 # Serve's gRPC proxy refuses larger messages from their length prefix, before buffering
 # them or checking the token (Serve's default: 2 GiB). 64 MiB holds requests of the
-# services' default max_request_tokens; raise it with theirs (README, Security model).
+# services' default max_request_tokens; raise it with theirs (docs/reliability-and-security.md).
 export RAY_SERVE_GRPC_MAX_MESSAGE_SIZE="${RAY_SERVE_GRPC_MAX_MESSAGE_SIZE:-67108864}"
+# Serve's controller loop and replicas' metric exports at a slower pace than Serve's
+# 0.1 s: CPU every node pays whether it trains or not (rlserve.core.cluster).
+export RAY_SERVE_CONTROL_LOOP_INTERVAL_S="${RAY_SERVE_CONTROL_LOOP_INTERVAL_S:-0.5}"
+export RAY_SERVE_METRICS_EXPORT_INTERVAL_MS="${RAY_SERVE_METRICS_EXPORT_INTERVAL_MS:-1000}"
 SERVE_ENV_NAMES=(RAY_SERVE_ENABLE_DIRECT_INGRESS RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD
     RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S
-    RAY_SERVE_GRPC_MAX_MESSAGE_SIZE)
+    RAY_SERVE_GRPC_MAX_MESSAGE_SIZE RAY_SERVE_CONTROL_LOOP_INTERVAL_S
+    RAY_SERVE_METRICS_EXPORT_INTERVAL_MS)
 
 # ray_start_args POOL: sets the array RAY_START_ARGS from NUM_CPUS, NUM_GPUS,
 # OBJECT_STORE_BYTES, RESOURCES, LABELS, NODE_IP, TEMP_DIR and the pool ("" or none: none).
