@@ -127,6 +127,18 @@ def _outcome_scores(scores: Tensor) -> Tensor:
     return scores if scores.is_floating_point() else scores.float()
 
 
+def _grouped_scores(
+    scores: Tensor, group_ids: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor, int, Tensor]:
+    """What every outcome estimator starts from, its inputs checked: the scores as
+    floating point, each sample's group index (0..G-1), G, and the size of each sample's
+    group. Shapes: (B,), (B,), -, (B,)."""
+    _check_groups(scores, group_ids, response_mask)
+    scores = _outcome_scores(scores)
+    index, num_groups = _group_index(group_ids)
+    return scores, index, num_groups, _group_sum(torch.ones_like(scores), index, num_groups)
+
+
 def _broadcast_over_mask(per_sequence: Tensor, response_mask: Tensor) -> Tensor:
     """Spread one value per sequence over its response tokens. (B,) -> (B, T)."""
     expanded = per_sequence[:, None].expand(response_mask.shape)
@@ -180,10 +192,7 @@ def grpo_advantages(
     Raises:
         ValueError: On bad shapes or non-integer ``group_ids``.
     """
-    _check_groups(scores, group_ids, response_mask)
-    scores = _outcome_scores(scores)
-    index, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    scores, index, num_groups, count = _grouped_scores(scores, group_ids, response_mask)
     # group mean: the baseline shared by all samples of one prompt
     mean = _group_sum(scores, index, num_groups) / count
     centred = scores - mean
@@ -215,10 +224,7 @@ def rloo_advantages(
     Raises:
         ValueError: On bad shapes or non-integer ``group_ids``.
     """
-    _check_groups(scores, group_ids, response_mask)
-    scores = _outcome_scores(scores)
-    index, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    scores, index, num_groups, count = _grouped_scores(scores, group_ids, response_mask)
     total = _group_sum(scores, index, num_groups)
     # baseline = mean of the n - 1 other samples (independent of s_i, so unbiased)
     baseline = (total - scores) / (count - 1).clamp(min=1)
@@ -253,10 +259,7 @@ def reinforce_plus_plus_baseline_advantages(
     Raises:
         ValueError: On bad shapes, non-integer ``group_ids`` or < 2 response tokens.
     """
-    _check_groups(scores, group_ids, response_mask)
-    scores = _outcome_scores(scores)
-    index, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    scores, index, num_groups, count = _grouped_scores(scores, group_ids, response_mask)
     # subtract the prompt's mean score: removes prompt difficulty from the signal
     centred = scores - _group_sum(scores, index, num_groups) / count
     centred = torch.where(count > 1, centred, _singleton_advantage(scores, singleton_groups))
@@ -289,10 +292,7 @@ def opo_advantages(
     Raises:
         ValueError: On bad shapes or non-integer ``group_ids``.
     """
-    _check_groups(scores, group_ids, response_mask)
-    scores = _outcome_scores(scores)
-    index, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    scores, index, num_groups, count = _grouped_scores(scores, group_ids, response_mask)
     lengths = response_mask.bool().sum(dim=1).to(scores.dtype)
     # Σ|y|·s and Σ|y| per group
     weighted = _group_sum(lengths * scores, index, num_groups)
@@ -337,10 +337,7 @@ def gpg_advantages(
     Raises:
         ValueError: On bad shapes or non-integer ``group_ids``.
     """
-    _check_groups(scores, group_ids, response_mask)
-    scores = _outcome_scores(scores)
-    index, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    scores, index, num_groups, count = _grouped_scores(scores, group_ids, response_mask)
     centred = scores - _group_sum(scores, index, num_groups) / count
     # a group is degenerate when all its scores are equal (max == min, exact in floats)
     group_max = _group_reduce(scores, index, num_groups, "amax")
@@ -426,10 +423,7 @@ def grpo_passk_advantages(
     Raises:
         ValueError: On bad shapes or non-integer ``group_ids``.
     """
-    _check_groups(scores, group_ids, response_mask)
-    scores = _outcome_scores(scores)
-    index, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), index, num_groups)
+    scores, index, num_groups, count = _grouped_scores(scores, group_ids, response_mask)
     group_max = _group_reduce(scores, index, num_groups, "amax")
     # the best sample: the first row (lowest position) holding its group's maximum
     position = torch.arange(scores.numel(), device=scores.device)

@@ -112,6 +112,10 @@ class RegisteredPolicyLoss:
     sapo)."""
 
 
+PPO_CLIP_RATIOS = (0.2, 0.2)
+"""PPO's clip range: the default of the losses that follow its paper, and the value a
+loss without a clip of its own is given (:func:`resolve_clip_ratios`)."""
+
 POLICY_LOSSES: Registry[RegisteredPolicyLoss] = Registry("policy loss")
 """Policy losses by config name (``actor.policy_loss``), all with the :class:`PolicyLoss`
 signature; "vanilla" is :func:`policy_loss`."""
@@ -163,7 +167,7 @@ def _uniform(name: str, adapter: LossAdapter) -> PolicyLoss:
         'Schulman et al. 2017, "Proximal Policy Optimization", arXiv:1707.06347; dual clip: '
         "Ye et al. 2020, arXiv:1912.09729",
     ),
-    default_clip_ratios=(0.2, 0.2),
+    default_clip_ratios=PPO_CLIP_RATIOS,
 )
 def _vanilla(inputs: LossInputs, knobs: PolicyLossKnobs) -> LossResult:
     return policy_loss(
@@ -200,7 +204,7 @@ def _gspo(inputs: LossInputs, knobs: PolicyLossKnobs) -> LossResult:
         "keep their gradient",
         'MiniMax 2025, "MiniMax-M1", arXiv:2506.13585',
     ),
-    default_clip_ratios=(0.2, 0.2),
+    default_clip_ratios=PPO_CLIP_RATIOS,
 )
 def _cispo(inputs: LossInputs, knobs: PolicyLossKnobs) -> LossResult:
     return cispo_loss(
@@ -236,7 +240,7 @@ def _gmpo(inputs: LossInputs, knobs: PolicyLossKnobs) -> LossResult:
         "(clip_cov_low, clip_cov_high) get no gradient",
         'Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617',
     ),
-    default_clip_ratios=(0.2, 0.2),
+    default_clip_ratios=PPO_CLIP_RATIOS,
 )
 def _clip_cov(inputs: LossInputs, knobs: PolicyLossKnobs) -> LossResult:
     return clip_cov_loss(
@@ -342,8 +346,6 @@ POLICY_LOSS_NOTES: dict[str, AlgorithmNote] = {
 }
 """One line per policy loss, with its paper (the run config's choices)."""
 
-_PPO_CLIP_RATIOS = (0.2, 0.2)
-
 
 def resolve_clip_ratios(
     policy_loss_name: str, clip_ratio_low: float | None, clip_ratio_high: float | None
@@ -352,7 +354,7 @@ def resolve_clip_ratios(
     default (its entry's ``default_clip_ratios``; PPO's 0.2 for a loss that reads no
     clip). ValueError naming the valid choices for an unknown name."""
     defaults = POLICY_LOSSES.lookup(policy_loss_name).default_clip_ratios
-    default_low, default_high = _PPO_CLIP_RATIOS if defaults is None else defaults
+    default_low, default_high = PPO_CLIP_RATIOS if defaults is None else defaults
     return (
         default_low if clip_ratio_low is None else clip_ratio_low,
         default_high if clip_ratio_high is None else clip_ratio_high,
