@@ -31,6 +31,13 @@ class PeriodicThread:
             self._sample()
 
 
+def first_and_last_inside(samples: list, start_unix_s: float, end_unix_s: float) -> tuple:
+    """The first and the last of `samples` (tuples led by their Unix time) taken between
+    the two times."""
+    inside = [s for s in samples if start_unix_s <= s[0] <= end_unix_s]
+    return inside[0], inside[-1]
+
+
 class MachineCpuSampler:
     """Samples /proc/stat (all cores) with wall-clock times, so the cores a run of other
     processes kept busy in a window can be read; `with cpu.sampling(): ...` samples
@@ -50,8 +57,9 @@ class MachineCpuSampler:
         self.samples.append((time.time(), sum(fields) - idle, sum(fields)))
 
     def _window(self, start_unix_s: float, end_unix_s: float) -> tuple[int, int]:
-        inside = [s for s in self.samples if start_unix_s <= s[0] <= end_unix_s]
-        (_, busy0, all0), (_, busy1, all1) = inside[0], inside[-1]
+        (_, busy0, all0), (_, busy1, all1) = first_and_last_inside(
+            self.samples, start_unix_s, end_unix_s
+        )
         return busy1 - busy0, all1 - all0
 
     def busy_cores(self, start_unix_s: float, end_unix_s: float) -> float:
@@ -115,8 +123,7 @@ class ProcessCpuSampler:
     def cpu_s_by_role(self, start_unix_s: float, end_unix_s: float) -> dict[str, float]:
         """CPU seconds per second of wall time each role spent between the two times
         (between the samples nearest inside them), largest first."""
-        inside = [s for s in self.samples if start_unix_s <= s[0] <= end_unix_s]
-        (t0, first), (t1, last) = inside[0], inside[-1]
+        (t0, first), (t1, last) = first_and_last_inside(self.samples, start_unix_s, end_unix_s)
         tick_s = 1 / os.sysconf("SC_CLK_TCK")
         by_role: dict[str, float] = {}
         for pid, (ticks, name) in last.items():
