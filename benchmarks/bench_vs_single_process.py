@@ -44,7 +44,7 @@ from sampling import MachineCpuSampler, ProcessCpuSampler
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlserve.core.embedded.prepare import prepare_embedded_default
-from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
+from rlserve.core.inputs_config import ArithmeticTaskConfig, TinyModelConfig
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("generate", "forward_wall", "advantages", "update_actor_waits_generation", "update_wall")

@@ -5,7 +5,7 @@ import pytest
 
 from integration_tests.phoenix import phoenix_backend  # noqa: F401
 from rlserve.core.embedded.prepare import EmbeddedDefault, prepare_embedded_default
-from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
+from rlserve.core.inputs_config import ArithmeticTaskConfig, TinyModelConfig
 
 
 @pytest.fixture(scope="session")

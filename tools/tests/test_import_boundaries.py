@@ -1,4 +1,5 @@
-"""Services import only libs/ (rlserve.core, rlserve.v1) and themselves, never each other."""
+"""Services import only libs/ (rlserve.core, rlserve.v1) and themselves, never each other;
+only the trainer imports the run config."""
 
 import ast
 from pathlib import Path
@@ -6,6 +7,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = sorted(p.name for p in (REPO / "services").iterdir() if (p / "pyproject.toml").exists())
 LIB_PACKAGES = {"rlserve.core", "rlserve.v1"}
+# The run config is the trainer's: a service's config is its settings
+# (rlserve.core.worker_settings, reward_settings) plus its deployment (service_config), and
+# what the services build on in libs (serving, rpc, tracing) sits below the run config.
+RUN_CONFIG = "rlserve.core.run_config"
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -60,3 +65,39 @@ def test_checker_catches_a_cross_service_import(tmp_path):
     )
     found = boundary_violations("rollout", tmp_path)
     assert [v.rsplit(" ", 1)[1] for v in found] == ["rlserve.critic", "rlserve.reward"]
+
+
+def run_config_importers(root: Path) -> list[str]:
+    """Modules under `root`, tests left out, that import the run config."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if "tests" in relative.parts or path.name == "run_config.py":
+            continue
+        for line, module in imported_modules(path):
+            if module == RUN_CONFIG or module.startswith(RUN_CONFIG + "."):
+                found.append(f"{relative}:{line} imports {module}")
+        # `from rlserve.core import run_config` names the module in the alias.
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "rlserve.core"
+                and any(alias.name == "run_config" for alias in node.names)
+            ):
+                found.append(f"{relative}:{node.lineno} imports {RUN_CONFIG}")
+    return found
+
+
+def test_only_the_trainer_imports_the_run_config():
+    roots = [REPO / "libs"] + [REPO / "services" / s for s in SERVICES if s != "trainer"]
+    violations = [v for root in roots for v in run_config_importers(root)]
+    assert not violations, (
+        "only the trainer may import rlserve.core.run_config (services take their settings "
+        "from rlserve.core.worker_settings / reward_settings):\n" + "\n".join(violations)
+    )
+
+
+def test_run_config_checker_catches_both_import_forms(tmp_path):
+    (tmp_path / "a.py").write_text("from rlserve.core.run_config import RunConfig\n")
+    (tmp_path / "b.py").write_text("from rlserve.core import run_config\n")
+    assert [v.split(":")[0] for v in run_config_importers(tmp_path)] == ["a.py", "b.py"]

@@ -3,25 +3,22 @@
 The trainer deploys each service from `service_args(run config)`; a service field that
 no run-config field reaches is a knob users cannot turn (as the ComputeLogProb
 micro-batch once was). A worker service's config subclasses its run section's settings
-(rlserve.core.service_config), so a field added there is a run-config field that reaches
-the service with no other edit; these tests check that every other field of a service
-config is one the trainer derives, list each service config's fields against what the
-trainer sets, and check the args validate in the service's own config model, so a
-renamed or dropped field fails here.
+(rlserve.core.worker_settings) and its deployment (rlserve.core.service_config), so a
+field added to the settings is a run-config field that reaches the service with no other
+edit; these tests check that every other field of a service config is one the trainer
+derives, list each service config's fields against what the trainer sets, and check the
+args validate in the service's own config model, so a renamed or dropped field fails
+here.
 """
 
 import pytest
 
 from rlserve.core.config import validate_config
+from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES
 from rlserve.core.reward_settings import RewardSettings
-from rlserve.core.run_config import (
-    LARGE_MODEL_WEIGHT_BYTES,
-    ActorSettings,
-    CriticSettings,
-    ReferenceConfig,
-    RunConfig,
-)
+from rlserve.core.run_config import RunConfig
 from rlserve.core.service_config import TrainingDeployment, WorkerDeployment
+from rlserve.core.worker_settings import ActorSettings, CriticSettings, ReferenceConfig
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import worker_kwargs as critic_worker_kwargs
 from rlserve.reference.config import ReferenceServiceConfig

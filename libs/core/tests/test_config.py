@@ -30,13 +30,13 @@ from rlserve.core.config import (
     load_config,
     validate_config,
 )
+from rlserve.core.inputs_config import data_format
 from rlserve.core.run_config import (
     EMBEDDED_DAPO_CONFIG_PATH,
     EMBEDDED_DEFAULT_CONFIG_PATH,
     EMBEDDED_GRPO_CONFIG_PATH,
     RewardConfig,
     RunConfig,
-    data_format,
 )
 
 # GRPO's recipe, the one copy docs/algorithms.md and the benchmarks use too.

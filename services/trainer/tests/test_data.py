@@ -7,8 +7,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from rlserve.core.inputs_config import DataConfig
 from rlserve.core.modeling import load_tokenizer
-from rlserve.core.run_config import DataConfig
 from rlserve.trainer.data import (
     LongPrompts,
     PromptRow,

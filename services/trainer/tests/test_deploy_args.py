@@ -7,7 +7,8 @@ import os
 import pytest
 
 from rlserve.core.config import ConfigError, validate_config
-from rlserve.core.run_config import LARGE_MODEL_WEIGHT_BYTES, RunConfig
+from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES
+from rlserve.core.run_config import RunConfig
 from rlserve.trainer.deploy import service_args
 from rlserve.trainer.service_ops import scaled_app
 

@@ -12,10 +12,15 @@ sample = one prompt + one response; a step has `prompts_per_step × responses_pe
 of them), `*_s` is seconds, `*_steps` counts PPO steps. Batch sizes are global (the whole
 step, across workers) unless the docstring says "per worker".
 
-Checks that involve several sections (batch divisibility, estimator needs) live on
-`RunConfig`; checks within one section live on that section, so a service whose config
-subclasses that section's settings (each worker service, and the reward service through
-rlserve.core.reward_settings) gets them too.
+The sections a service shares, and those with a purpose of their own, live in their own
+modules: the worker services' settings (rlserve.core.worker_settings, which `actor`,
+`critic` and `reference` are or extend), the reward's (reward_settings), `model` and
+`data` (inputs_config), `placement` (placement_config), `trainer.tracing`
+(tracing_config) and `rollout.vllm` (vllm_config). Checks that involve several sections
+(batch divisibility, estimator needs) live on `RunConfig`; checks within one section live
+on that section, so a service whose config subclasses that section's settings (each
+worker service, and the reward service through rlserve.core.reward_settings) gets them
+too.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -34,14 +39,20 @@ from rlserve.core.algos.advantage_registry import (
 )
 from rlserve.core.algos.advantage_registry import needs_critic as estimator_needs_critic
 from rlserve.core.algos.advantages import SINGLETON_GROUP_CHOICES
-from rlserve.core.algos.aggregation import LOSS_AGG_MODE_NOTES
 from rlserve.core.algos.kl import KL_KIND_NOTES
-from rlserve.core.algos.notes import AlgorithmNote
-from rlserve.core.algos.policy_loss_registry import POLICY_LOSS_NOTES
+from rlserve.core.algos.notes import choices_extra
 from rlserve.core.config import ConfigError, ConfigModel
-from rlserve.core.devices import DeviceSetting
+from rlserve.core.inputs_config import (
+    LARGE_MODEL_WEIGHT_BYTES,
+    DataConfig,
+    ModelConfig,
+    model_weight_bytes,
+)
+from rlserve.core.placement_config import PlacementConfig
 from rlserve.core.reward_settings import RewardSettings
+from rlserve.core.tracing_config import TracingConfig
 from rlserve.core.vllm_config import VllmConfig
+from rlserve.core.worker_settings import ActorSettings, CriticSettings, KlKind, ReferenceConfig
 
 __all__ = [
     "EMBEDDED_DAPO_CONFIG_PATH",
@@ -49,33 +60,15 @@ __all__ = [
     "EMBEDDED_GRPO_CONFIG_PATH",
     "GROUP_ESTIMATORS",
     "ActorConfig",
-    "ActorSettings",
     "AdvEstimator",
     "AlgorithmConfig",
-    "ArithmeticTaskConfig",
     "CriticConfig",
-    "CriticLossAggMode",
-    "CriticSettings",
-    "DataConfig",
-    "Dtype",
     "KlControlConfig",
-    "KlKind",
-    "LossAggMode",
-    "ModelConfig",
-    "PlacementConfig",
-    "PolicyLossName",
-    "ResourcePoolConfig",
     "RewardConfig",
-    "RolePlacementConfig",
     "RolloutConfig",
     "RunConfig",
     "SingletonGroups",
-    "TinyModelConfig",
-    "TracingConfig",
     "TrainerConfig",
-    "TrainingSettings",
-    "WorkerSettings",
-    "data_format",
 ]
 
 EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_default.yaml"
@@ -94,172 +87,12 @@ algorithm.rollout_is_cap is null."""
 # in rlserve.core.algos), so the config accepts exactly what is implemented and an
 # unknown name fails validation, naming the field and every valid choice.
 AdvEstimator = Literal[tuple(ADVANTAGE_ESTIMATOR_NOTES)]  # type: ignore[valid-type]
-PolicyLossName = Literal[tuple(POLICY_LOSS_NOTES)]  # type: ignore[valid-type]
-KlKind = Literal[tuple(KL_KIND_NOTES)]  # type: ignore[valid-type]
-LossAggMode = Literal[tuple(LOSS_AGG_MODE_NOTES)]  # type: ignore[valid-type]
 SingletonGroups = Literal[SINGLETON_GROUP_CHOICES]  # type: ignore[valid-type]
-Dtype = Literal["float32", "bfloat16", "float16"]
-CriticLossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-"""The modes the critic service implements (its loss units per micro-batch)."""
 
 GROUP_ESTIMATORS: frozenset[str] = frozenset(
     name for name in ADVANTAGE_ESTIMATOR_NOTES if needs_group_ids(name)
 )
 """Estimators whose baseline comes from the other responses to the same prompt."""
-
-
-def _choices(notes: Mapping[str, AlgorithmNote], names: tuple[str, ...] | None = None) -> Any:
-    """Field extra that makes `rlserve config --describe` list each choice under the
-    field with its one-line note and paper."""
-    return {"choices": {n: note.line() for n, note in notes.items() if names is None or n in names}}
-
-
-_DATA_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
-
-
-def data_format(path: str) -> Literal["jsonl", "parquet"]:
-    """The dataset format implied by a file's suffix; ValueError for any other suffix."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in _DATA_FORMATS:
-        raise ValueError(
-            f"cannot tell the format of {path!r} from its suffix {suffix or '(none)'!r}; "
-            "use a .jsonl or .parquet file"
-        )
-    return _DATA_FORMATS[suffix]  # type: ignore[return-value]
-
-
-# --- model ------------------------------------------------------------------------------
-
-
-class TinyModelConfig(ConfigModel):
-    """Shape and supervised warm-up of the embedded tiny model (used when model.path is None)."""
-
-    hidden_size: int = Field(128, ge=1)
-    """Width of the residual stream."""
-    num_layers: int = Field(4, ge=1)
-    """Number of transformer blocks."""
-    num_heads: int = Field(4, ge=1)
-    """Attention heads per block; must divide hidden_size."""
-    intermediate_size: int = Field(256, ge=1)
-    """Width of each block's MLP."""
-    sft_max_steps: int = Field(1500, ge=0)
-    """Most supervised warm-up steps on the training pairs before RL (0 = start from
-    random); the warm-up stops earlier once it reaches sft_target_accuracy."""
-    sft_batch_samples: int = Field(128, ge=1)
-    """Samples per supervised warm-up step."""
-    sft_lr: float = Field(1e-3, gt=0)
-    """AdamW learning rate of the supervised warm-up."""
-    sft_target_accuracy: float | None = Field(0.30, gt=0, le=1)
-    """Stop the warm-up once greedy accuracy on sft_check_prompts training pairs it does
-    not train on reaches this (0..1), so RL starts from the same place whatever the seed
-    or CPU; None trains all sft_max_steps."""
-    sft_check_every_steps: int = Field(10, ge=1)
-    """Warm-up steps between accuracy checks."""
-    sft_check_prompts: int = Field(256, ge=1)
-    """Training pairs held out of the warm-up to check its accuracy on (RL still uses them)."""
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> TinyModelConfig:
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                "num_heads",
-                f"must divide hidden_size ({self.hidden_size}); got {self.num_heads}",
-            )
-        return self
-
-
-LARGE_MODEL_WEIGHT_BYTES = 100 * 2**20
-"""Safetensors from which a model counts as large (≈ 25 M fp32 parameters): rollout.engine
-'auto' generates with vLLM, and placement.stage_threads gives its stages every core.
-Below it, fixed costs per call outweigh the kernels: on the tiny PPO workload
-(benchmarks/bench_vs_single_process.py) per-stage threads ran 210 episodes/s against
-259 with one thread per worker, and vLLM's step overhead exceeds hf's generate."""
-
-
-def model_weight_bytes(path: str | Path | None) -> int:
-    """Bytes of the *.safetensors in a model directory (0 for none, or no such path)."""
-    if path is None:
-        return 0
-    return sum(file.stat().st_size for file in Path(path).glob("*.safetensors"))
-
-
-class ModelConfig(ConfigModel):
-    """The policy model; the reference starts as a copy and the critic from the same weights."""
-
-    path: str | None = None
-    """Local Hugging Face model directory; None builds the embedded tiny model."""
-    dtype: Dtype = "float32"
-    """Dtype of weights and compute."""
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    """The embedded tiny model; ignored when path is set."""
-
-
-# --- data -------------------------------------------------------------------------------
-
-
-class ArithmeticTaskConfig(ConfigModel):
-    """The embedded verifiable task: 'a+b=' prompts, answer checked exactly."""
-
-    operand_max: int = Field(99, ge=1)
-    """Operands a and b are drawn from 0..operand_max inclusive."""
-    train_pairs: int = Field(8000, ge=1)
-    """Distinct (a, b) pairs in the training set."""
-    eval_pairs: int = Field(2000, ge=1)
-    """Distinct held-out (a, b) pairs, disjoint from the training set."""
-
-    @model_validator(mode="after")
-    def _enough_pairs(self) -> ArithmeticTaskConfig:
-        available = (self.operand_max + 1) ** 2
-        if self.train_pairs + self.eval_pairs > available:
-            raise ConfigError(
-                "train_pairs",
-                f"train_pairs + eval_pairs ({self.train_pairs} + {self.eval_pairs}) exceed the "
-                f"{available} distinct pairs with operand_max={self.operand_max}; lower them or "
-                "raise operand_max",
-            )
-        return self
-
-
-class DataConfig(ConfigModel):
-    """Prompts and ground truths: a jsonl/parquet file, or the embedded arithmetic task."""
-
-    train_path: str | None = None
-    """Training prompts, a .jsonl or .parquet file; None uses the embedded arithmetic task."""
-    eval_path: str | None = None
-    """Held-out prompts (.jsonl/.parquet); None: the embedded task's held-out pairs when
-    train_path is None, else no evaluation."""
-    prompt_key: str = "prompt"
-    """Column (jsonl key) holding the prompt text."""
-    ground_truth_key: str = "ground_truth"
-    """Column (jsonl key) holding the reference answer passed to the reward."""
-    max_prompt_tokens: int = Field(64, ge=1)
-    """Longest prompt, in tokens as the tokenizer encodes it (BOS included); longer ones
-    are handled as long_prompts says. Plus rollout.max_new_tokens, it must fit the model's
-    max_position_embeddings."""
-    long_prompts: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
-    """Prompts over max_prompt_tokens: 'drop' leaves the row out; 'truncate_left' cuts
-    tokens off the start and keeps the end (where a chat template puts the generation
-    prompt); 'truncate_right' keeps the start and cuts the end; 'error' fails the run,
-    naming the first such row. The run prints how many rows were dropped or cut."""
-    arithmetic: ArithmeticTaskConfig = Field(default_factory=ArithmeticTaskConfig)
-    """The embedded task; used only where train_path / eval_path is None."""
-
-    @field_validator("train_path", "eval_path")
-    @classmethod
-    def _known_suffix(cls, value: str | None) -> str | None:
-        if value is not None:
-            data_format(value)
-        return value
-
-    @property
-    def train_format(self) -> Literal["jsonl", "parquet"] | None:
-        """Format of train_path, None for the embedded task."""
-        return None if self.train_path is None else data_format(self.train_path)
-
-    @property
-    def eval_format(self) -> Literal["jsonl", "parquet"] | None:
-        """Format of eval_path, None when it is not set."""
-        return None if self.eval_path is None else data_format(self.eval_path)
 
 
 # --- rollout ----------------------------------------------------------------------------
@@ -326,165 +159,6 @@ class RolloutConfig(ConfigModel):
 # --- actor and critic -------------------------------------------------------------------
 
 
-class WorkerSettings(ConfigModel):
-    """What every service with a worker group (rollout's actor, critic, reference) lets a
-    run set about its workers."""
-
-    workers: int = Field(1, ge=1)
-    """Data-parallel workers (one Ray actor each; DeepSpeed ranks where the service
-    trains); a request's rows are split over them."""
-    device: DeviceSetting = "auto"
-    """Where each worker computes: 'cuda' (one GPU per worker bundle, NCCL between
-    ranks), 'cpu' (gloo), or 'auto' = CUDA when the worker sees a GPU."""
-    forward_max_tokens: int | None = Field(None, ge=1)
-    """Most tokens per forward micro-batch (rows × longest prompt + response in it): a
-    few long sequences make a small micro-batch; None = by sample count only."""
-
-
-class TrainingSettings(WorkerSettings):
-    """What the two services that train (rollout's actor, critic) share."""
-
-    grad_clip: float = Field(1.0, gt=0)
-    """Clip the global gradient norm to this value."""
-    zero_stage: int = Field(0, ge=0, le=3)
-    """DeepSpeed ZeRO stage (0 = plain data parallel)."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward instead of keeping them (less memory for long
-    sequences, ≈ one more forward of compute)."""
-
-
-class RequestLimits(ConfigModel):
-    """A service's limits on one request (the rollout's are rollout.max_*)."""
-
-    max_batch_samples: int = Field(4096, ge=1)
-    """Most rows one request may carry (larger ones get RESOURCE_EXHAUSTED); must hold a
-    whole step's samples."""
-    max_request_tokens: int = Field(262_144, ge=1)
-    """Most token positions one request may carry: rows × input_ids columns (prompt +
-    response); larger requests get RESOURCE_EXHAUSTED naming this setting. Sized to a
-    worker's memory; must hold a whole step's."""
-
-
-class ActorSettings(TrainingSettings):
-    """The actor's training settings: every one reaches the rollout service's field of
-    the same name (RolloutServiceConfig subclasses this)."""
-
-    former_fields: ClassVar[Mapping[str, str]] = {
-        "logprob_micro_batch_samples": "forward_micro_batch_samples"
-    }
-
-    lr: float = Field(2e-4, gt=0)
-    """Learning rate of the actor's AdamW optimizer."""
-    ppo_epochs: int = Field(2, ge=1)
-    """Passes over each step's samples."""
-    micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward/backward pass on one worker (per worker; gradients accumulate
-    over micro-batches up to the mini-batch). Left unset in a run: the largest divisor of
-    a worker's share of the mini-batch up to 64."""
-    clip_ratio_low: float | None = Field(None, ge=0, lt=1)
-    """PPO clip: the ratio is kept above 1 - clip_ratio_low (dppo_tv/dppo_kl: the
-    divergence allowed to a negative-advantage token). None = the policy loss's own
-    default: 0.2, gspo 3e-4, gmpo 0.33, dppo_tv 0.15, dppo_kl 0.05."""
-    clip_ratio_high: float | None = Field(None, ge=0)
-    """PPO clip: the ratio is kept below 1 + clip_ratio_high (dppo_tv/dppo_kl: the
-    divergence allowed to a positive-advantage token). None = the policy loss's own
-    default: 0.2, gspo 4e-4, gmpo 0.49, dppo_tv 0.15, dppo_kl 0.05."""
-    clip_ratio_dual: float | None = Field(None, gt=1)
-    """Dual-clip bound c > 1 on the loss of negative-advantage tokens; None turns it off.
-    Read by policy_loss 'vanilla' only."""
-    policy_loss: PolicyLossName = Field("vanilla", json_schema_extra=_choices(POLICY_LOSS_NOTES))
-    """Policy loss: 'vanilla' is PPO's clipped surrogate; clip_ratio_low/high are the clip
-    of vanilla, gspo, cispo, gmpo and clip_cov (each in its own sense, see the list)."""
-    loss_agg_mode: LossAggMode = Field(
-        "token-mean", json_schema_extra=_choices(LOSS_AGG_MODE_NOTES)
-    )
-    """How a micro-batch's token losses (policy, entropy and KL loss) become one number;
-    micro-batches and workers are then averaged, so 'token-sum' is the micro-batch's sum
-    (see loss_normalizer)."""
-    loss_normalizer: Literal["micro_batch", "mini_batch"] = "micro_batch"
-    """Whose count divides the loss_agg_mode's sums: each micro-batch's own tokens (or
-    sequences), then micro-batches and workers averaged; or 'mini_batch': the whole
-    optimizer step's, across workers and micro-batches, so the gradient does not depend
-    on how a mini-batch is split (VeRL's global-batch normalisation)."""
-    clip_cov_fraction: float = Field(2e-4, gt=0, le=1)
-    """Clip-Cov: fraction of a micro-batch's response tokens whose gradient is dropped
-    (picked at random among those in the covariance band); policy_loss 'clip_cov' only."""
-    clip_cov_low: float = 1.0
-    """Clip-Cov: lower bound of the advantage-logprob covariance band (exclusive)."""
-    clip_cov_high: float = 5.0
-    """Clip-Cov: upper bound of the covariance band (exclusive); must exceed clip_cov_low."""
-    kl_cov_fraction: float = Field(2e-3, gt=0, le=1)
-    """KL-Cov: fraction of a micro-batch's response tokens, those of largest
-    advantage-logprob covariance, that pay kl_cov_coef·|log ratio|; policy_loss 'kl_cov'
-    only (the paper: 2e-3 for 7B models, 2e-4 for 32B)."""
-    kl_cov_coef: float = Field(1.0, ge=0)
-    """KL-Cov: weight β of the |log ratio| penalty on the selected tokens."""
-    sapo_tau_pos: float = Field(1.0, gt=0)
-    """SAPO: gate temperature of positive-advantage tokens (larger = the gradient fades
-    sooner as the ratio leaves 1); policy_loss 'sapo' only."""
-    sapo_tau_neg: float = Field(1.05, gt=0)
-    """SAPO: gate temperature of zero and negative-advantage tokens."""
-    dppo_max_ratio: float = Field(20.0, gt=0)
-    """DPPO: cap on the importance weight of the tokens inside the trust region;
-    policy_loss 'dppo_tv'/'dppo_kl' only (keep it large: the cap biases the gradient)."""
-    entropy_coef: float = Field(0.0, ge=0)
-    """Weight of the entropy bonus."""
-    use_kl_loss: bool = False
-    """Add a KL(policy‖reference) term to the actor loss (GRPO style) in addition to any
-    KL penalty in the reward."""
-    kl_loss_coef: float = Field(0.04, ge=0)
-    """Weight of the KL loss term; used only when use_kl_loss."""
-    kl_loss_kind: KlKind = Field("k3", json_schema_extra=_choices(KL_KIND_NOTES))
-    """KL estimator of the KL loss term (a '+' variant: the estimator's value with k2's
-    gradient)."""
-    forward_micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward pass of ComputeLogProb on one worker (and of the reference
-    when it is merged into the rollout)."""
-    logits_chunk_tokens: int = Field(256, ge=1)
-    """Response tokens per LM-head chunk when scoring and training: peak logits memory
-    is ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
-    lora_rank: int = Field(0, ge=0)
-    """Rank of LoRA adapters on the actor's linear layers (lora_target_modules); only the
-    adapters train, generation gets merged weights, and the reference is the base with
-    adapters off. 0 trains the full weights."""
-    lora_alpha: float = Field(16.0, gt=0)
-    """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank."""
-    lora_target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    """Module names that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' (every
-    linear layer but the LM head)."""
-    kept_update_results: int = Field(16, ge=1)
-    """Results of the most recent UpdateActor steps the service keeps to answer a
-    retried step without training twice."""
-    worker_call_timeout_s: float = Field(1800.0, gt=0)
-    """Upper bound on one call from the rollout service to its workers, in seconds."""
-
-    @model_validator(mode="after")
-    def _kl_loss_has_weight(self) -> ActorSettings:
-        if self.use_kl_loss and self.kl_loss_coef == 0:
-            raise ConfigError(
-                "kl_loss_coef", "is 0 while use_kl_loss is true; set it > 0 or turn the loss off"
-            )
-        if self.lora_rank and self.zero_stage == 3:
-            raise ConfigError(
-                "zero_stage",
-                "3 partitions the base weights that LoRA merges for generation; use "
-                "zero_stage 0-2 with lora_rank > 0",
-            )
-        if self.clip_ratio_dual is not None and self.policy_loss != "vanilla":
-            raise ConfigError(
-                "clip_ratio_dual",
-                f"is read by policy_loss 'vanilla' only, not {self.policy_loss!r}; set it to null",
-            )
-        if self.clip_cov_low >= self.clip_cov_high:
-            raise ConfigError(
-                "clip_cov_high",
-                f"must exceed clip_cov_low ({self.clip_cov_low}); got {self.clip_cov_high}",
-            )
-        return self
-
-
 class ActorConfig(ActorSettings):
     """Policy training (rollout.UpdateActor)."""
 
@@ -499,30 +173,6 @@ class ActorConfig(ActorSettings):
     always runs the separate pass."""
 
 
-class CriticSettings(TrainingSettings, RequestLimits):
-    """The critic's settings: every one reaches the critic service's field of the same
-    name (CriticServiceConfig subclasses this)."""
-
-    lr: float = Field(1e-3, gt=0)
-    """Learning rate of the critic's AdamW optimizer."""
-    ppo_epochs: int = Field(2, ge=1)
-    """Passes over each step's samples."""
-    micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward/backward pass on one worker (per worker; a larger value
-    trains a worker's whole share of a mini-batch at once). Left unset in a run: the
-    largest divisor of a worker's share of the mini-batch up to 64."""
-    cliprange_value: float = Field(0.2, gt=0)
-    """Value clip: new values stay within this distance of the old ones in the loss."""
-    forward_micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward pass of ComputeValues on one worker."""
-    loss_agg_mode: CriticLossAggMode = Field(
-        "token-mean",
-        json_schema_extra=_choices(LOSS_AGG_MODE_NOTES, CriticLossAggMode.__args__),
-    )
-    """How token value losses become one number: mean over all tokens, or per-sequence
-    sum/mean then mean over sequences."""
-
-
 class CriticConfig(CriticSettings):
     """Value-model training (critic.UpdateCritic); used only by the 'gae' estimator."""
 
@@ -533,23 +183,6 @@ class CriticConfig(CriticSettings):
     """Prompts per optimizer step (samples = prompts × responses_per_prompt); must divide
     trainer.prompts_per_step. Left unset in a run: the largest divisor of
     trainer.prompts_per_step up to 64 (the whole step when it has at most 64 prompts)."""
-
-
-class ReferenceConfig(WorkerSettings, RequestLimits):
-    """The frozen reference policy (reference.ComputeRefLogProb); used when the run has a
-    KL penalty or KL loss. Merged into the rollout (placement.reference_in_rollout), it
-    runs inside the actor's workers with the actor's settings instead. Every field
-    reaches the reference service's field of the same name."""
-
-    former_fields: ClassVar[Mapping[str, str]] = {
-        "micro_batch_samples": "forward_micro_batch_samples"
-    }
-
-    forward_micro_batch_samples: int = Field(64, ge=1)
-    """Samples per forward pass on one worker."""
-    logits_chunk_tokens: int = Field(256, ge=1)
-    """Response tokens per LM-head chunk (peak logits memory ≈ 3 × this × vocabulary
-    floats)."""
 
 
 # --- algorithm --------------------------------------------------------------------------
@@ -572,14 +205,14 @@ class AlgorithmConfig(ConfigModel):
     """Advantage estimation and the KL penalty, computed by the trainer."""
 
     adv_estimator: AdvEstimator = Field(
-        "gae", json_schema_extra=_choices(ADVANTAGE_ESTIMATOR_NOTES)
+        "gae", json_schema_extra=choices_extra(ADVANTAGE_ESTIMATOR_NOTES)
     )
     """Advantage estimator; 'gae' needs the critic, the others use reward baselines."""
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per token (GAE)."""
     lam: float = Field(0.95, ge=0, le=1)
     """GAE λ: trades bias (0) for variance (1)."""
-    kl_penalty: KlKind = Field("k1", json_schema_extra=_choices(KL_KIND_NOTES))
+    kl_penalty: KlKind = Field("k1", json_schema_extra=choices_extra(KL_KIND_NOTES))
     """KL estimator of the per-token penalty in the rewards (a '+' variant counts as its
     base estimator here: a reward has no gradient)."""
     kl_ctrl: KlControlConfig = Field(default_factory=KlControlConfig)
@@ -656,140 +289,7 @@ class RewardConfig(RewardSettings):
     }
 
 
-# --- placement --------------------------------------------------------------------------
-
-PlacedRole = Literal["rollout", "critic", "reference", "reward"]
-PlacementStrategy = Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"]
-
-
-class ResourcePoolConfig(ConfigModel):
-    """A named set of nodes (by Ray node label) and how bundles spread over them."""
-
-    label_selector: dict[str, str] = Field(default_factory=dict)
-    """Ray node labels the pool's nodes carry, e.g. {"rlserve.io/pool": "gpu"} for nodes
-    started with `ray start --labels='{"rlserve.io/pool": "gpu"}'`; empty = every node."""
-    strategy: PlacementStrategy = "PACK"
-    """How the pool's placement group spreads its bundles: STRICT_PACK colocates every
-    worker of the pool's roles on one node; SPREAD puts them on different nodes."""
-
-
-class RolePlacementConfig(ConfigModel):
-    """Which pool one service runs in, and what each of its workers (or, for reward,
-    replicas) takes."""
-
-    pool: str
-    """Name of a pool in placement.pools."""
-    worker_resources: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0})
-    """Resources of one worker's bundle, e.g. {CPU: 4, GPU: 1} or a fractional custom
-    resource {CPU: 1, GPU_group: 0.5}; for reward, those of one replica (never a GPU)."""
-
-    @field_validator("worker_resources")
-    @classmethod
-    def _asks_for_something(cls, resources: dict[str, float]) -> dict[str, float]:
-        if not resources or any(amount < 0 for amount in resources.values()):
-            raise ValueError(f"needs amounts >= 0, at least one > 0; got {resources}")
-        if not any(amount > 0 for amount in resources.values()):
-            raise ValueError(f"asks for nothing; give it e.g. {{CPU: 1}}; got {resources}")
-        return resources
-
-
-class PlacementConfig(ConfigModel):
-    """Resource pools and the role → pool mapping (VeRL's resource pool manager).
-
-    Roles that share a pool share one named placement group, their workers' bundles in
-    the order rollout, critic, reference. The actor's training engine and generation
-    engine always share one process. Reward runs only on its pool's nodes, scales by
-    replicas and never takes a GPU. Empty (the default): Ray picks the nodes."""
-
-    pools: dict[str, ResourcePoolConfig] = Field(default_factory=dict)
-    """Resource pools by name, e.g. {global_pool: ..., reward_pool: ...}."""
-    roles: dict[PlacedRole, RolePlacementConfig] = Field(default_factory=dict)
-    """Pool (and per-worker resources) of each service; a role left out is placed by Ray."""
-    timeout_s: float = Field(60.0, gt=0)
-    """Longest wait for a pool's placement group when other work holds its resources
-    (a pool that can never hold it fails at once)."""
-    group_prefix: str = "rlserve"
-    """Placement groups are named '<group_prefix>-<pool>'."""
-    reference_in_rollout: bool | None = None
-    """Merge the reference into the rollout service: its workers keep a frozen copy of the
-    initial weights beside the actor and answer ComputeRefLogProb, and no separate
-    reference service is deployed (saves a deployment and its nodes; with LoRA, the same
-    weights with adapters off, so no copy at all). None: merged when the actor trains
-    LoRA adapters and roles.reference places no reference of its own. Ignored when the
-    run uses no reference."""
-    stage_threads: bool = True
-    """Give each stage of a step (generation, forwards, updates) the node's cores, shared
-    among the workers busy in that stage at once, as torch threads set per call; off =
-    each worker keeps as many threads as its bundle has CPUs. Applies to large models
-    (LARGE_MODEL_WEIGHT_BYTES) where the trainer knows the cores its workers share: a
-    local cluster it starts (no roles placed), or node_cpus."""
-    node_cpus: int | None = Field(None, ge=1)
-    """Cores of the one node the run's workers share, for stage_threads on a cluster the
-    trainer joins; None = this machine's cores when the trainer starts its own cluster,
-    and bundle-sized threads otherwise."""
-
-    @model_validator(mode="after")
-    def _roles_name_pools(self) -> PlacementConfig:
-        issues = []
-        if self.reference_in_rollout and "reference" in self.roles:
-            issues.append(
-                ("roles.reference", "the reference is merged into rollout; remove its pool")
-            )
-        for role, placed in self.roles.items():
-            if placed.pool not in self.pools:
-                issues.append(
-                    (
-                        f"roles.{role}.pool",
-                        f"no pool {placed.pool!r}; define it under placement.pools "
-                        f"(defined: {sorted(self.pools) or 'none'})",
-                    )
-                )
-        reward = self.roles.get("reward")
-        if reward is not None and reward.worker_resources.get("GPU", 0) > 0:
-            issues.append(
-                ("roles.reward.worker_resources.GPU", "reward never takes a GPU; remove it")
-            )
-        if issues:
-            raise ConfigError(issues)
-        return self
-
-    def roles_in_pool(self, pool: str) -> list[str]:
-        """Roles placed in `pool` that hold worker actors, in bundle order."""
-        return [
-            role
-            for role in ("rollout", "critic", "reference")
-            if role in self.roles and self.roles[role].pool == pool
-        ]
-
-
 # --- trainer ----------------------------------------------------------------------------
-
-
-class TracingConfig(ConfigModel):
-    """OpenTelemetry tracing: one trace per PPO step, spans across every service.
-
-    The trainer hands its section to every service it deploys; a service deployed on
-    its own embeds the same model as its `tracing` field."""
-
-    enabled: bool = False
-    """Export spans."""
-    otlp_endpoint: str | None = "http://localhost:4317"
-    """OTLP/gRPC collector, e.g. Jaeger's (http:// plaintext, https:// TLS); None = no
-    OTLP export (file_path only)."""
-    sampling_ratio: float = Field(1.0, ge=0, le=1)
-    """Fraction of PPO steps traced (the trainer decides per step and the services follow;
-    a service applies it to calls that arrive without a trace)."""
-    file_path: str | None = None
-    """Also append spans as OTLP/JSON lines to this file, for `rlserve trace report`
-    (each process appends to it on its own node)."""
-
-    @model_validator(mode="after")
-    def _has_a_destination(self) -> TracingConfig:
-        if self.enabled and self.otlp_endpoint is None and self.file_path is None:
-            raise ConfigError(
-                "otlp_endpoint", "tracing is enabled but neither it nor file_path is set"
-            )
-        return self
 
 
 class TrainerConfig(ConfigModel):

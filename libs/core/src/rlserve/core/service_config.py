@@ -1,7 +1,7 @@
 """What a deployment adds to a worker service's settings: one settings path.
 
 A worker service's config is two parts. Its *settings* are the run config's section
-(rlserve.core.run_config: ActorSettings for the rollout, CriticSettings, ReferenceConfig),
+(rlserve.core.worker_settings: ActorSettings for the rollout, CriticSettings, ReferenceConfig),
 so a field added there is settable from the run config and reaches the service with no
 other edit: the trainer passes each section's settings on by name. Its *deployment* is
 what whoever deploys it decides from elsewhere: the model, its dtype, the CPUs and
@@ -18,8 +18,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigModel
+from rlserve.core.inputs_config import Dtype
 from rlserve.core.placement import WorkerPlacementConfig
-from rlserve.core.run_config import Dtype, TracingConfig, WorkerSettings
+from rlserve.core.tracing_config import TracingConfig
+from rlserve.core.worker_settings import WorkerSettings
 
 
 class StageThreads(ConfigModel):

@@ -48,7 +48,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from rlserve.core import auth, tracing
 from rlserve.core.codec import CodecError
 from rlserve.core.handle_route import HandleCallContext
-from rlserve.core.run_config import TracingConfig
+from rlserve.core.tracing_config import TracingConfig
 from rlserve.v1.common_pb2 import Batch
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from rlserve.core.config import ConfigError
-from rlserve.core.run_config import CriticSettings
 from rlserve.core.service_config import TrainingDeployment
+from rlserve.core.worker_settings import CriticSettings
 
 # A critic checkpoint directory: the value model (safetensors) here, DeepSpeed's state
 # in rlserve.core.training.DEEPSPEED_SUBDIR.
@@ -23,7 +23,7 @@ MODEL_DIR = "model"
 class CriticServiceConfig(CriticSettings, TrainingDeployment):
     """A value model (causal-LM backbone + scalar head, the head starting at zero, so
     every initial value is 0) behind CriticService: the run config's critic settings
-    (rlserve.core.run_config.CriticSettings) plus where and on what it runs
+    (rlserve.core.worker_settings.CriticSettings) plus where and on what it runs
     (rlserve.core.service_config.TrainingDeployment)."""
 
     @model_validator(mode="after")

@@ -2,13 +2,13 @@
 
 from pydantic import Field
 
-from rlserve.core.run_config import ReferenceConfig
 from rlserve.core.service_config import WorkerDeployment
+from rlserve.core.worker_settings import ReferenceConfig
 
 
 class ReferenceServiceConfig(ReferenceConfig, WorkerDeployment):
     """A frozen copy of the initial policy behind ReferenceService: the run config's
-    reference settings (rlserve.core.run_config.ReferenceConfig) plus where and on what
+    reference settings (rlserve.core.worker_settings.ReferenceConfig) plus where and on what
     it runs (rlserve.core.service_config.WorkerDeployment)."""
 
     temperature: float = Field(1.0, gt=0)

@@ -33,8 +33,8 @@ from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.reward_settings import RewardKindsConfig, RewardSettings
-from rlserve.core.run_config import TracingConfig
 from rlserve.core.service_config import ServiceAuth
+from rlserve.core.tracing_config import TracingConfig
 from rlserve.reward.rules import resolve_rule
 
 # Resources Ray schedules by their own options; a custom resource must not shadow them.

@@ -15,14 +15,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError
-from rlserve.core.run_config import ActorSettings
 from rlserve.core.service_config import TrainingDeployment
 from rlserve.core.vllm_config import VllmConfig
+from rlserve.core.worker_settings import ActorSettings
 
 
 class RolloutServiceConfig(ActorSettings, TrainingDeployment):
     """The actor (generation + PPO training of one policy) behind RolloutService: the run
-    config's actor settings (rlserve.core.run_config.ActorSettings, whose validator
+    config's actor settings (rlserve.core.worker_settings.ActorSettings, whose validator
     checks their combinations), where and on what it runs
     (rlserve.core.service_config.TrainingDeployment), and the generation settings below,
     which the trainer takes from the run's rollout section."""

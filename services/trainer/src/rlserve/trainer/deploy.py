@@ -14,6 +14,7 @@ from typing import Any
 from ray.serve.schema import ServeDeploySchema
 
 from rlserve.core.config import ConfigModel, redacted_values, secret_field_names
+from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES, model_weight_bytes
 from rlserve.core.placement import (
     PlacementError,
     WorkerPlacementConfig,
@@ -25,15 +26,9 @@ from rlserve.core.placement import (
     serve_replicas,
 )
 from rlserve.core.reward_settings import RewardSettings
-from rlserve.core.run_config import (
-    LARGE_MODEL_WEIGHT_BYTES,
-    ActorSettings,
-    CriticSettings,
-    ReferenceConfig,
-    RunConfig,
-    model_weight_bytes,
-)
+from rlserve.core.run_config import RunConfig
 from rlserve.core.shortfall import Shortfall, resource_shortfall
+from rlserve.core.worker_settings import ActorSettings, CriticSettings, ReferenceConfig
 from rlserve.trainer.checkpoint import services_checkpoint_root
 
 

@@ -6,14 +6,15 @@ Advantage estimators and policy losses are registered by one decorator on each e
 ``register_policy_loss`` in :mod:`rlserve.core.algos.policy_loss_registry`), each
 filling one :class:`Registry`; KL estimators and aggregation modes are branches of one
 function each and keep a plain dict of notes. Registration order is the order
-``rlserve config --describe`` and docs/configuration.md list the names in.
+``rlserve config --describe`` and docs/configuration.md list the names in, each under
+the config field that selects it (``choices_extra``).
 """
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator
+from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 EntryT = TypeVar("EntryT")
 
@@ -36,6 +37,15 @@ class AlgorithmNote:
     def line(self) -> str:
         """``summary — paper``, the form ``rlserve config --describe`` prints."""
         return f"{self.summary} — {self.paper}"
+
+
+def choices_extra(
+    notes: Mapping[str, AlgorithmNote], names: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """A config field's json_schema_extra that makes `rlserve config --describe` list each
+    choice (those in `names`, or every one) under the field with its one-line note and
+    paper."""
+    return {"choices": {n: note.line() for n, note in notes.items() if names is None or n in names}}
 
 
 class Registry(Generic[EntryT]):

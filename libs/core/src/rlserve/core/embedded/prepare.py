@@ -15,7 +15,7 @@ from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.core.embedded.warmup import StopAtAccuracy, supervised_warmup
-from rlserve.core.run_config import ArithmeticTaskConfig, TinyModelConfig
+from rlserve.core.inputs_config import ArithmeticTaskConfig, TinyModelConfig
 
 
 @dataclass(frozen=True)
