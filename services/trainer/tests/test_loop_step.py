@@ -21,8 +21,9 @@ from rlserve.core.config import validate_config
 from rlserve.core.modeling import load_tokenizer
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.checkpoint import checkpoint_dir, latest_checkpoint, read_trainer_state
+from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow
-from rlserve.trainer.loop import Clients, PPOTrainer
+from rlserve.trainer.loop import PPOTrainer
 from rlserve.v1 import critic_pb2, reference_pb2, reward_pb2, rollout_pb2
 
 POLICY_LOG_PROB = -0.5

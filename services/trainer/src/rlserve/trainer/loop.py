@@ -32,7 +32,6 @@ and `time/step_s` cover the same work.
 
 import asyncio
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Awaitable
@@ -50,7 +49,6 @@ from rlserve.core.algos.masked import masked_mean
 from rlserve.core.algos.rollout_correction import truncated_is_weights
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
-from rlserve.core.rpc import RetryPolicy, ServiceClient, open_channel
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.advantages import (
     advantage_settings,
@@ -68,19 +66,10 @@ from rlserve.trainer.checkpoint import (
     start_staging,
     write_trainer_state,
 )
+from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
-from rlserve.trainer.deploy import reference_application
 from rlserve.trainer.dynamic_sampling import concat_rounds, first_groups, informative_rows
-from rlserve.v1 import (
-    critic_pb2,
-    critic_pb2_grpc,
-    reference_pb2,
-    reference_pb2_grpc,
-    reward_pb2,
-    reward_pb2_grpc,
-    rollout_pb2,
-    rollout_pb2_grpc,
-)
+from rlserve.v1 import critic_pb2, reference_pb2, reward_pb2, rollout_pb2
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
@@ -105,61 +94,6 @@ class Generation:
 NEXT_GENERATION_FILE = "next_generation.pb"
 """In a one_step_off checkpoint: the generation done for the step after it (a
 GenerateSequencesResponse; its prompts are in trainer_state.json)."""
-
-
-@dataclass
-class Clients:
-    rollout: ServiceClient
-    reward: ServiceClient
-    reference: ServiceClient | None
-    critic: ServiceClient | None
-
-    @classmethod
-    def connect(
-        cls, address: str, config: RunConfig, roles: set[str], run_id: str = ""
-    ) -> "Clients":
-        channel = open_channel(address)
-        policy = RetryPolicy(retries=config.trainer.rpc_retries)
-        timeout_s = config.trainer.rpc_timeout_s
-        on_cluster_routes = config.trainer.call_routes == "cluster"
-
-        def client(stub_cls: type, app: str | None) -> ServiceClient | None:
-            if app is None or app not in roles:
-                return None
-            return ServiceClient(
-                channel,
-                stub_cls,
-                app,
-                timeout_s,
-                policy,
-                direct=on_cluster_routes,
-                handle=on_cluster_routes,
-                handle_min_bytes=config.trainer.handle_route_min_bytes,
-                run_id=run_id,
-            )
-
-        # the rollout app itself answers ReferenceService when the reference is merged
-        reference_app = reference_application(config)
-        return cls(
-            rollout=client(rollout_pb2_grpc.RolloutServiceStub, "rollout"),
-            reward=client(reward_pb2_grpc.RewardServiceStub, "reward"),
-            reference=client(reference_pb2_grpc.ReferenceServiceStub, reference_app),
-            critic=client(critic_pb2_grpc.CriticServiceStub, "critic"),
-        )
-
-    def calls_by_route(self) -> dict[str, int]:
-        """Calls answered so far over all clients, by route (handle, direct, proxy)."""
-        total: Counter[str] = Counter()
-        for client in (self.rollout, self.reward, self.reference, self.critic):
-            if client is not None:
-                total.update(client.calls_by_route)
-        return dict(sorted(total.items()))
-
-    async def close(self) -> None:
-        """Closes the clients' direct channels to the replicas."""
-        for client in (self.rollout, self.reward, self.reference, self.critic):
-            if client is not None:
-                await client.close()
 
 
 async def _timed(name: str, timings: dict[str, float], call: Awaitable[Any]) -> Any:
@@ -978,11 +912,3 @@ class PPOTrainer:
         restore_rng(trainer_state["rng"])
         # absent from checkpoints written before one_step_off existed
         self._restore_next_generation(directory, trainer_state.get("next_generation"))
-
-
-def finite_or_nan(value: float) -> float:
-    return value if math.isfinite(value) else float("nan")
-
-
-def as_float_dict(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}

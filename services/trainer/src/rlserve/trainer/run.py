@@ -42,6 +42,7 @@ from rlserve.trainer.checkpoint import (
     read_trainer_state,
     service_checkpoint_name,
 )
+from rlserve.trainer.clients import Clients
 from rlserve.trainer.control import RunControl, serve_control
 from rlserve.trainer.data import PromptRows, load_prompt_rows
 from rlserve.trainer.deploy import (
@@ -51,7 +52,7 @@ from rlserve.trainer.deploy import (
     verify_placement,
 )
 from rlserve.trainer.lease_keeper import LeaseKeeper, run_id_of
-from rlserve.trainer.loop import Clients, PPOTrainer
+from rlserve.trainer.loop import PPOTrainer
 from rlserve.trainer.metrics import (
     MetricsLog,
     plot_curves,
