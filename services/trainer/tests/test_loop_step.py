@@ -252,7 +252,7 @@ def test_the_reward_services_figures_are_summed_per_step_and_failures_warned(
     tokenizer, tmp_path, caplog
 ):
     # ReMax calls the reward twice a step: the sampled responses and the greedy ones
-    with caplog.at_level(logging.WARNING, logger="rlserve.trainer.loop"):
+    with caplog.at_level(logging.WARNING, logger="rlserve.trainer.rewards"):
         metrics, clients = one_step(tokenizer, tmp_path, algorithm={"adv_estimator": "remax"})
     assert len(clients.reward.sent("ComputeReward")) == 2
     assert metrics["reward/http_failures"] == 2.0 and metrics["reward/http_s"] == 0.5

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from rlserve.core.config import validate_config
 from rlserve.core.run_config import RunConfig
+from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow
 from rlserve.trainer.loop import PPOTrainer
 
@@ -12,7 +13,12 @@ def trainer(tmp_path: Path, **rollout) -> PPOTrainer:
     config = validate_config(RunConfig, {"rollout": {"max_new_tokens": 9, **rollout}})
     rows = [PromptRow("1+1=", "2")]
     return PPOTrainer(
-        config, clients=None, tokenizer=None, train_rows=rows, eval_rows=rows, run_dir=tmp_path
+        config,
+        clients=Clients(rollout=None, reward=None, reference=None, critic=None),
+        tokenizer=None,
+        train_rows=rows,
+        eval_rows=rows,
+        run_dir=tmp_path,
     )
 
 

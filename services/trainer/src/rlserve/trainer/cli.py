@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlserve.core.auth import AuthConfigError
     from rlserve.core.placement import PlacementError
     from rlserve.trainer.deploy import ResourceShortfallError, ServiceSettingsConflict
+    from rlserve.trainer.dynamic_sampling import NoInformativeGroups
     from rlserve.trainer.lease_keeper import LeaseRefused
-    from rlserve.trainer.loop import NoInformativeGroups
     from rlserve.trainer.run import ResumeError, new_run_dir, print_summary, train
 
     _quiet_libraries()

@@ -11,11 +11,70 @@ extra round costs a generation and a reward call; the forwards and updates see o
 kept rows. (Yu et al. 2025, "DAPO", arXiv:2503.14476, section 3.2.)
 """
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import torch
 
 from rlserve.core.batch import Batch
+
+
+class NoInformativeGroups(RuntimeError):
+    """Dynamic sampling found no prompt group with differing scores in any round."""
+
+
+async def informative_batch(
+    step: int,
+    generate_round: Callable[[int], Awaitable[tuple[int, Batch, dict[str, float]]]],
+    rewards: Callable[[Batch], Awaitable[dict[str, torch.Tensor]]],
+    wanted: int,
+    max_rounds: int,
+    mini_batch: int,
+    pad_token_id: int,
+) -> tuple[Batch, dict[str, float]]:
+    """Generation rounds until `wanted` groups with differing scores are kept (at most
+    `max_rounds`); the batch carries its rewards, and the metrics are the last round's
+    generation metrics plus dynamic_sampling/*.
+
+    `generate_round(round_index)` draws the round's prompts and generates their
+    responses: (prompt groups, batch, generation metrics); `rewards(batch)` scores them
+    (rlserve.trainer.rewards.Rewards.rewards).
+
+    Raises:
+        NoInformativeGroups: the rounds kept fewer groups than one mini-batch of
+            `mini_batch` prompts.
+    """
+    kept: list[Batch] = []
+    groups = generated_groups = 0
+    gen_metrics: dict[str, float] = {}
+    for round_index in range(max_rounds):
+        round_groups, batch, gen_metrics = await generate_round(round_index)
+        scored = await rewards(batch)
+        batch = Batch({**batch.tensors, **scored}, batch.non_tensors, batch.meta)
+        generated_groups += round_groups
+        informative = informative_rows(scored["scores"], batch["uid"])
+        if bool(informative.any()):
+            kept.append(batch.index(torch.nonzero(informative).squeeze(1).tolist()))
+            groups += len(set(kept[-1]["uid"]))
+        if groups >= wanted:
+            break
+    # the actor trains in whole mini-batches: a step short of groups trains on as many
+    # whole mini-batches as it has
+    trained = min(groups, wanted) // mini_batch * mini_batch
+    if trained == 0:
+        raise NoInformativeGroups(
+            f"step {step + 1}: {groups} of {generated_groups} prompt groups in "
+            f"{round_index + 1} rounds got differing scores, fewer than one "
+            f"mini-batch (actor.ppo_mini_batch_prompts {mini_batch}); raise "
+            "algorithm.dynamic_sampling_max_rounds or turn dynamic_sampling off"
+        )
+    batch = first_groups(concat_rounds(kept, pad_token_id), trained)
+    gen_metrics = {
+        **gen_metrics,
+        "dynamic_sampling/rounds": float(round_index + 1),
+        "dynamic_sampling/groups": float(trained),
+        "dynamic_sampling/kept_fraction": groups / generated_groups,
+    }
+    return batch, gen_metrics
 
 
 def informative_rows(scores: torch.Tensor, uids: Sequence[int]) -> torch.Tensor:
