@@ -12,21 +12,32 @@ The services write rollout/ and critic/ themselves, confined to their checkpoint
 the run config's `trainer.run_dir` (absolute), which holds every run of that config. The
 trainer deploys them with that root (`services_checkpoint_root`) and names each
 checkpoint relative to it (`service_checkpoint_name`: "<run>/checkpoints/step_.../rollout").
+
+`save_checkpoint` and `load_service_checkpoints` are a checkpoint's round trip through
+the services; the trainer adds (and takes back) its own state.
 """
 
+import asyncio
 import json
+import logging
 import os
 import random
 import re
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlserve.core.rpc import ServiceClient
+from rlserve.v1 import critic_pb2, rollout_pb2
+
 STATE_FILE = "trainer_state.json"
 _STAGING_PREFIX = ".partial-"
 _CHECKPOINT_NAME = re.compile(r"step_\d{6,}")
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -148,3 +159,84 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     complete = complete_checkpoints(run_dir)
     return complete[-1] if complete else None
+
+
+async def save_checkpoint(
+    run_dir: Path,
+    runs_dir: str | Path,
+    keep: int | None,
+    step: int,
+    rollout: ServiceClient,
+    critic: ServiceClient | None,
+    trainer_state: Callable[[Path], Awaitable[dict[str, Any]]],
+) -> Path:
+    """Writes the checkpoint of `step` once: a step already saved (the last periodic
+    save, asked for again at the end) is kept as it is. The services save theirs first,
+    concurrently; then `trainer_state(directory)` writes what the trainer keeps beside
+    them and returns its trainer_state.json. Keeps the newest `keep` checkpoints
+    (trainer.keep_checkpoints; `runs_dir`: trainer.run_dir)."""
+    final = checkpoint_dir(run_dir, step)
+    if final in complete_checkpoints(run_dir):
+        return final
+    directory = start_staging(run_dir, step)
+    saves = [
+        rollout.call(
+            "SaveCheckpoint",
+            rollout_pb2.RolloutServiceSaveCheckpointRequest(
+                location={"path": service_checkpoint_name(runs_dir, directory, "rollout")}
+            ),
+        )
+    ]
+    if critic is not None:
+        saves.append(
+            critic.call(
+                "SaveCheckpoint",
+                critic_pb2.CriticServiceSaveCheckpointRequest(
+                    location={"path": service_checkpoint_name(runs_dir, directory, "critic")}
+                ),
+            )
+        )
+    await asyncio.gather(*saves)
+    write_trainer_state(directory, await trainer_state(directory))
+    commit_checkpoint(directory, final)
+    for removed in prune_checkpoints(run_dir, keep):
+        logger.info("removed %s (trainer.keep_checkpoints)", removed)
+    return final
+
+
+async def load_service_checkpoints(
+    directory: Path,
+    runs_dir: str | Path,
+    rollout: ServiceClient,
+    critic: ServiceClient | None,
+    weights_version: int,
+) -> None:
+    """Loads checkpoint `directory` into the rollout and critic services, concurrently.
+
+    Raises:
+        RuntimeError: the rollout restored other weights than `weights_version`, the
+            version the checkpoint's trainer state names.
+    """
+    loads = [
+        rollout.call(
+            "LoadCheckpoint",
+            rollout_pb2.RolloutServiceLoadCheckpointRequest(
+                location={"path": service_checkpoint_name(runs_dir, directory, "rollout")}
+            ),
+        )
+    ]
+    if critic is not None:
+        loads.append(
+            critic.call(
+                "LoadCheckpoint",
+                critic_pb2.CriticServiceLoadCheckpointRequest(
+                    location={"path": service_checkpoint_name(runs_dir, directory, "critic")}
+                ),
+            )
+        )
+    rollout_state, *_ = await asyncio.gather(*loads)
+    if rollout_state.weights_version != weights_version:
+        raise RuntimeError(
+            f"checkpoint {directory} is inconsistent: rollout restored weights version "
+            f"{rollout_state.weights_version}, trainer state says {weights_version}"
+        )

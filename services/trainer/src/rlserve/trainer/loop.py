@@ -56,15 +56,10 @@ from rlserve.trainer.advantages import (
     reference_drift,
 )
 from rlserve.trainer.checkpoint import (
-    checkpoint_dir,
-    commit_checkpoint,
-    complete_checkpoints,
-    prune_checkpoints,
+    load_service_checkpoints,
     restore_rng,
     rng_state,
-    service_checkpoint_name,
-    start_staging,
-    write_trainer_state,
+    save_checkpoint,
 )
 from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
@@ -666,52 +661,31 @@ class PPOTrainer:
         }
 
     async def save_checkpoint(self) -> Path:
+        """Writes the checkpoint of this step once (rlserve.trainer.checkpoint)."""
         with tracing.span("trainer.checkpoint", step=self.state.step):
-            return await self._save_checkpoint()
+            return await save_checkpoint(
+                self.run_dir,
+                self.config.trainer.run_dir,
+                self.config.trainer.keep_checkpoints,
+                self.state.step,
+                self.clients.rollout,
+                self.clients.critic,
+                self._checkpoint_state,
+            )
 
-    async def _save_checkpoint(self) -> Path:
-        """Writes the checkpoint of this step once: a step already saved (the last periodic
-        save, asked for again at the end) is kept as it is."""
-        step = self.state.step
-        final = checkpoint_dir(self.run_dir, step)
-        if final in complete_checkpoints(self.run_dir):
-            return final
-        directory = start_staging(self.run_dir, step)
-        saves = [
-            self.clients.rollout.call(
-                "SaveCheckpoint",
-                rollout_pb2.RolloutServiceSaveCheckpointRequest(
-                    location={"path": self._service_checkpoint(directory, "rollout")}
-                ),
-            )
-        ]
-        if self.clients.critic is not None:
-            saves.append(
-                self.clients.critic.call(
-                    "SaveCheckpoint",
-                    critic_pb2.CriticServiceSaveCheckpointRequest(
-                        location={"path": self._service_checkpoint(directory, "critic")}
-                    ),
-                )
-            )
-        await asyncio.gather(*saves)
+    async def _checkpoint_state(self, directory: Path) -> dict[str, Any]:
+        """trainer_state.json, once the next step's generation (one_step_off) is written
+        beside it."""
         next_generation = await self._save_next_generation(directory)
-        write_trainer_state(
-            directory,
-            {
-                "step": self.state.step,
-                "weights_version": self.state.weights_version,
-                # after the rows of a kept next generation were drawn
-                "prompt_stream": self.stream.state_dict(),
-                "kl_controller": self.kl_controller.state_dict(),
-                "rng": rng_state(),
-                "next_generation": next_generation,
-            },
-        )
-        commit_checkpoint(directory, final)
-        for removed in prune_checkpoints(self.run_dir, self.config.trainer.keep_checkpoints):
-            logger.info("removed %s (trainer.keep_checkpoints)", removed)
-        return final
+        return {
+            "step": self.state.step,
+            "weights_version": self.state.weights_version,
+            # after the rows of a kept next generation were drawn
+            "prompt_stream": self.stream.state_dict(),
+            "kl_controller": self.kl_controller.state_dict(),
+            "rng": rng_state(),
+            "next_generation": next_generation,
+        }
 
     async def _save_next_generation(self, directory: Path) -> dict[str, Any] | None:
         """Writes the next step's generation (one_step_off) beside the trainer state;
@@ -749,10 +723,6 @@ class PPOTrainer:
         restored.set_result(generation)
         self._next_generation = (int(saved["step"]), restored)
 
-    def _service_checkpoint(self, directory: Path, role: str) -> str:
-        """`directory/role` as the services name it: relative to their checkpoint root."""
-        return service_checkpoint_name(self.config.trainer.run_dir, directory, role)
-
     async def reset_used_services(self) -> list[str]:
         """Resets the rollout and critic services when an earlier run left them trained
         (weights version or applied steps past the deployed state), so this run starts
@@ -784,30 +754,13 @@ class PPOTrainer:
     async def load_checkpoint(self, directory: Path, trainer_state: dict[str, Any]) -> None:
         self.discard_next_generation()
         self._in_progress = None
-        loads = [
-            self.clients.rollout.call(
-                "LoadCheckpoint",
-                rollout_pb2.RolloutServiceLoadCheckpointRequest(
-                    location={"path": self._service_checkpoint(directory, "rollout")}
-                ),
-            )
-        ]
-        if self.clients.critic is not None:
-            loads.append(
-                self.clients.critic.call(
-                    "LoadCheckpoint",
-                    critic_pb2.CriticServiceLoadCheckpointRequest(
-                        location={"path": self._service_checkpoint(directory, "critic")}
-                    ),
-                )
-            )
-        rollout_state, *_ = await asyncio.gather(*loads)
-        if rollout_state.weights_version != trainer_state["weights_version"]:
-            raise RuntimeError(
-                f"checkpoint {directory} is inconsistent: rollout restored weights version "
-                f"{rollout_state.weights_version}, trainer state says "
-                f"{trainer_state['weights_version']}"
-            )
+        await load_service_checkpoints(
+            directory,
+            self.config.trainer.run_dir,
+            self.clients.rollout,
+            self.clients.critic,
+            trainer_state["weights_version"],
+        )
         self.state.step = trainer_state["step"]
         self.state.weights_version = trainer_state["weights_version"]
         self.stream.load_state_dict(trainer_state["prompt_stream"])
