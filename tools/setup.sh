@@ -30,7 +30,11 @@ else
 fi
 editables=(libs/proto libs/core services/rollout services/critic services/reference services/reward services/trainer)
 args=()
-for p in "${editables[@]}"; do args+=(-e "$p[test]"); done
+# The core and the reward service install light without [model] (a cheap reward node);
+# here every test needs the model parts too.
+for p in "${editables[@]}"; do
+  case "$p" in libs/core | services/reward) args+=(-e "$p[model,test]") ;; *) args+=(-e "$p[test]") ;; esac
+done
 # compat mode puts each src/ dir on sys.path, so the `rlserve` namespace package spans
 # all of them.
 "${pip[@]}" install -c tools/constraints.txt --config-settings editable_mode=compat \

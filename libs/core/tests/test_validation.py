@@ -4,16 +4,14 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.serving import RpcError
-from rlserve.core.validation import (
+from rlserve.core.tensor_checks import (
     require_finite,
     require_mask,
-    require_non_tensor,
-    require_rows,
     require_sequences,
     require_tensor,
     require_token_ids,
-    require_tokens,
 )
+from rlserve.core.validation import require_non_tensor, require_rows, require_tokens
 
 
 def _raises(code, pattern, fn, *args, **kwargs):

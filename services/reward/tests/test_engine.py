@@ -63,10 +63,11 @@ def test_weighted_combination_of_rule_model_and_http(tiny_reward_model_dir, enco
         ]
     )
     assert result.kind_scores["rule"].tolist() == rule.tolist()
-    torch.testing.assert_close(result.kind_scores["model"], model)
+    torch.testing.assert_close(torch.from_numpy(result.kind_scores["model"]), model)
     assert result.kind_scores["http"].tolist() == http.tolist()
-    torch.testing.assert_close(result.scores, 2.0 * rule + 0.5 * model - 0.25 * http)
-    assert result.scores.dtype == torch.float32
+    scores = torch.from_numpy(result.scores)
+    torch.testing.assert_close(scores, 2.0 * rule + 0.5 * model - 0.25 * http)
+    assert scores.dtype == torch.float32
     assert {"rule_s", "model_s", "http_s", "http_requests", "http_retries", "http_failures"} <= set(
         result.metrics
     )

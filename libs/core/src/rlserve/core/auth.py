@@ -37,7 +37,9 @@ import os
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from rlserve.core.config import ConfigModel
 
 TOKEN_ENV = "RLSERVE_AUTH_TOKEN"
 TOKEN_FILE_ENV = "RLSERVE_AUTH_TOKEN_FILE"
@@ -141,3 +143,13 @@ def rejection(metadata: Iterable[tuple[str, Any]]) -> str | None:
     if not hmac.compare_digest(sent_bytes, expected.encode()):
         return f"wrong token in metadata '{TOKEN_METADATA_KEY}'; {fix}"
     return None
+
+
+class ServiceAuth(ConfigModel):
+    """How a service checks its callers (every service's config has it)."""
+
+    auth: Literal["token", "none"] = "token"
+    """"token": every call must carry the cluster's token (rlserve.core.auth), and a
+    service whose environment has none refuses to start. "none": a service without a
+    token answers every caller who reaches its port (a token in its environment is
+    still required of callers)."""

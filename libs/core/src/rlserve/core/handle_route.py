@@ -21,15 +21,22 @@ replica's own port answer UNIMPLEMENTED for it), and it still checks what it is 
 only RPCs declared with `@rpc_method` that carry a batch, a Batch of the codec's dtypes.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-import torch
+import numpy as np
 
-from rlserve.core.batch import Batch
-from rlserve.core.codec import CodecError, batch_from_proto, batch_to_proto, check_wire_dtype
+from rlserve.core.wire import BatchColumns, CodecError, arrays_to_proto, columns_from_proto
 from rlserve.v1 import common_pb2
+
+# Batch and the codec need torch, which a rule or HTTP reward replica may lack: they
+# are imported where a call brings or needs tensors.
+if TYPE_CHECKING:
+    from rlserve.core.batch import Batch
 
 
 @dataclass
@@ -58,10 +65,25 @@ def request_batch(message: common_pb2.Batch, grpc_context: Any) -> Batch:
     """The request's batch: the Batch handed through on the handle route, else `message`
     decoded (CodecError names the bad field; `rpc_method` makes it INVALID_ARGUMENT)."""
     if isinstance(grpc_context, HandleCallContext):
-        if message.ByteSize():
-            raise CodecError("batch: sent both as protobuf and beside the request; send one")
-        return grpc_context.request_batch
+        return _handed_batch(message, grpc_context)
+    from rlserve.core.codec import batch_from_proto
+
     return batch_from_proto(message)
+
+
+def request_columns(message: common_pb2.Batch, grpc_context: Any) -> Batch | BatchColumns:
+    """The request's per-row columns and meta, read without torch when the call came
+    by gRPC (its tensors checked, not decoded: see rlserve.core.wire); for a service
+    that reads no tensors."""
+    if isinstance(grpc_context, HandleCallContext):
+        return _handed_batch(message, grpc_context)
+    return columns_from_proto(message)
+
+
+def _handed_batch(message: common_pb2.Batch, grpc_context: HandleCallContext) -> Batch:
+    if message.ByteSize():
+        raise CodecError("batch: sent both as protobuf and beside the request; send one")
+    return grpc_context.request_batch
 
 
 def response_batch(batch: Batch, grpc_context: Any) -> common_pb2.Batch:
@@ -70,7 +92,24 @@ def response_batch(batch: Batch, grpc_context: Any) -> common_pb2.Batch:
     if isinstance(grpc_context, HandleCallContext):
         grpc_context.response_batch = batch
         return common_pb2.Batch()
+    from rlserve.core.codec import batch_to_proto
+
     return batch_to_proto(batch)
+
+
+def response_arrays(
+    arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], grpc_context: Any
+) -> common_pb2.Batch:
+    """`response_batch` for a service that answers numpy arrays: encoded without torch
+    on gRPC; on the handle route (whose request brought torch tensors) as a Batch."""
+    if isinstance(grpc_context, HandleCallContext):
+        import torch
+
+        from rlserve.core.batch import Batch
+
+        tensors = {key: torch.from_numpy(array) for key, array in arrays.items()}
+        return response_batch(Batch(tensors=tensors, meta=meta), grpc_context)
+    return arrays_to_proto(arrays, meta)
 
 
 @dataclass(frozen=True)
@@ -87,11 +126,14 @@ class HandleCallResult:
 def check_handed_batch(batch: Any) -> Batch:
     """`batch` when it is a Batch the codec could have carried (its dtypes, on the CPU),
     else CodecError naming the tensor: the handle route accepts no more than gRPC does."""
+    from rlserve.core.batch import Batch
+    from rlserve.core.codec import check_wire_dtype
+
     if not isinstance(batch, Batch):
         raise CodecError(f"batch: expected an rlserve Batch, got {type(batch).__name__}")
     for key, tensor in batch.tensors.items():
         check_wire_dtype(tensor, f"tensors[{key!r}]")
-        if tensor.device != torch.device("cpu"):
+        if tensor.device.type != "cpu":
             raise CodecError(f"tensors[{key!r}]: must be on the CPU, is on {tensor.device}")
     return batch
 

@@ -13,10 +13,9 @@ for that service alone.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, model_validator
 
+from rlserve.core.auth import ServiceAuth
 from rlserve.core.config import ConfigModel
 from rlserve.core.inputs_config import Dtype
 from rlserve.core.placement import WorkerPlacementConfig
@@ -33,16 +32,6 @@ class StageThreads(ConfigModel):
     forward: int = Field(1, ge=1)
     """Log-prob, reference and value forwards."""
     update: int = Field(1, ge=1)
-
-
-class ServiceAuth(ConfigModel):
-    """How a service checks its callers (every service's config has it)."""
-
-    auth: Literal["token", "none"] = "token"
-    """"token": every call must carry the cluster's token (rlserve.core.auth), and a
-    service whose environment has none refuses to start. "none": a service without a
-    token answers every caller who reaches its port (a token in its environment is
-    still required of callers)."""
 
 
 class WorkerDeployment(WorkerSettings, ServiceAuth):

@@ -46,9 +46,9 @@ from google.protobuf import message_factory
 from opentelemetry.trace import Span, Status, StatusCode
 
 from rlserve.core import auth, tracing
-from rlserve.core.codec import CodecError
 from rlserve.core.handle_route import HandleCallContext
 from rlserve.core.tracing_config import TracingConfig
+from rlserve.core.wire import CodecError
 from rlserve.v1.common_pb2 import Batch
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlserve.core.batch import Batch
-from rlserve.core.validation import require_sequences
+from rlserve.core.tensor_checks import require_sequences
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class WorkerController:
         return (await self.worker_infos())[0]["vocab_size"]
 
     async def checked_sequences(self, batch: Batch) -> Batch:
-        """The request's sequence tensors, checked (rlserve.core.validation
+        """The request's sequence tensors, checked (rlserve.core.tensor_checks
         .require_sequences) against the vocabulary and this service's limits."""
         return require_sequences(
             batch,

@@ -6,7 +6,7 @@ for an oversized batch), so a bad request never reaches a model and the replica 
 serving. The checks return a clean Batch holding only the tensors the workers use, ids
 and masks as int64 and values/returns as float32.
 
-The sequence layout checks are rlserve.core.validation.require_sequences, shared with
+The sequence layout checks are rlserve.core.tensor_checks.require_sequences, shared with
 the reference service.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.serving import invalid_argument
-from rlserve.core.validation import require_finite, require_sequences, require_tensor
+from rlserve.core.tensor_checks import require_finite, require_sequences, require_tensor
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 

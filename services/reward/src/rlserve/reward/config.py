@@ -31,9 +31,9 @@ import math
 
 from pydantic import Field, model_validator
 
+from rlserve.core.auth import ServiceAuth
 from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.reward_settings import RewardKindsConfig, RewardSettings
-from rlserve.core.service_config import ServiceAuth
 from rlserve.core.tracing_config import TracingConfig
 from rlserve.reward.rules import resolve_rule
 

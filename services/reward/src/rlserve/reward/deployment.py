@@ -17,15 +17,13 @@ import socket
 from importlib.metadata import PackageNotFoundError, version
 
 import ray
-import torch
 from ray import serve
 
 from rlserve.core.auth import server_auth_mode
-from rlserve.core.batch import Batch
-from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json, validate_config
-from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
+from rlserve.core.handle_route import BatchCalls, request_batch, request_columns, response_arrays
 from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
+from rlserve.core.wire import metrics_to_proto
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
 from rlserve.v1 import common_pb2, reward_pb2
@@ -47,7 +45,10 @@ class RewardDeployment(BatchCalls):
         self._config = validate_config(RewardServiceConfig, config)
         self.auth_mode = server_auth_mode(self._config.auth, "reward")
         setup_replica_tracing("reward", self._config.tracing)
-        torch.set_num_threads(self._config.torch_threads)
+        if self._config.kinds.model is not None:
+            import torch  # a rule or HTTP replica may have none (rlserve-reward[model] does)
+
+            torch.set_num_threads(self._config.torch_threads)
         self._engine = build_engine(self._config)
 
     @rpc_method(reward_pb2.ComputeRewardResponse)
@@ -55,14 +56,16 @@ class RewardDeployment(BatchCalls):
         self, request: reward_pb2.ComputeRewardRequest, grpc_context
     ) -> reward_pb2.ComputeRewardResponse:
         deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        batch = request_batch(request.batch, grpc_context)
+        # Without a model kind nothing reads the tensors: no torch needed to read the rest.
+        read = request_batch if self._engine.reads_tensors else request_columns
+        batch = read(request.batch, grpc_context)
         inputs = self._engine.parse(batch, field="batch")
         result = await self._engine.score(inputs, deadline)
-        tensors = {"scores": result.scores}
-        tensors.update((f"scores_{name}", s) for name, s in result.kind_scores.items())
-        out = Batch(tensors=tensors, meta=batch.meta)
+        scores = {"scores": result.scores}
+        scores.update((f"scores_{name}", s) for name, s in result.kind_scores.items())
         return reward_pb2.ComputeRewardResponse(
-            batch=response_batch(out, grpc_context), metrics=metrics_to_proto(result.metrics)
+            batch=response_arrays(scores, batch.meta, grpc_context),
+            metrics=metrics_to_proto(result.metrics),
         )
 
     @rpc_method(reward_pb2.RewardServiceGetInfoResponse)

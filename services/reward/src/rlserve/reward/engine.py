@@ -30,18 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
-import torch
+import numpy as np
 
 from rlserve.core import tracing
-from rlserve.core.batch import Batch
 from rlserve.core.reward_settings import resolve_header_values
 from rlserve.core.serving import Deadline, RpcError, invalid_argument, resource_exhausted
-from rlserve.core.validation import (
-    require_mask,
-    require_non_tensor,
-    require_rows,
-    require_token_ids,
-)
+from rlserve.core.validation import Rows, require_non_tensor, require_rows
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.http_client import HttpFailure, HttpScoreClient
 from rlserve.reward.rules import RuleFn, accepts_extra, resolve_rule
@@ -68,17 +62,17 @@ class RewardInputs:
     """N, the number of samples."""
     columns: dict[str, list[Any]]
     """Every non-tensor column of the request (JSON scalars), N values each."""
-    input_ids: torch.Tensor | None = None
-    """[N, S] int64 token ids, when a model kind is configured."""
-    attention_mask: torch.Tensor | None = None
+    input_ids: Any = None
+    """[N, S] int64 torch token ids, when a model kind is configured."""
+    attention_mask: Any = None
     """[N, S] int64, 1 = real token, when a model kind is configured."""
 
 
 @dataclass(frozen=True)
 class RewardResult:
-    scores: torch.Tensor
+    scores: np.ndarray
     """[N] float32, Σ weight_k · scores_k."""
-    kind_scores: dict[str, torch.Tensor]
+    kind_scores: dict[str, np.ndarray]
     """Kind name -> [N] float32 unweighted scores."""
     metrics: dict[str, float]
     """Per-kind figures (rule_s, model_s, http_s, http_requests, http_retries,
@@ -99,7 +93,7 @@ class KindScorer(Protocol):
 
     async def score(
         self, inputs: RewardInputs, deadline: Deadline
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[np.ndarray, dict[str, float]]:
         """[N] float32 scores and this kind's metrics."""
         ...
 
@@ -128,16 +122,16 @@ class RuleScorer:
 
     async def score(
         self, inputs: RewardInputs, deadline: Deadline
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[np.ndarray, dict[str, float]]:
         start_s = time.perf_counter()
         with tracing.span("reward.rule", batch_size=inputs.size, rule=self._rule_name):
             scores = await asyncio.to_thread(self._score_rows, inputs, deadline)
         return scores, {"rule_s": time.perf_counter() - start_s}
 
-    def _score_rows(self, inputs: RewardInputs, deadline: Deadline) -> torch.Tensor:
+    def _score_rows(self, inputs: RewardInputs, deadline: Deadline) -> np.ndarray:
         texts, truths = inputs.columns[RESPONSE_TEXT], inputs.columns[GROUND_TRUTH]
         extra_keys = [key for key in inputs.columns if key not in (RESPONSE_TEXT, GROUND_TRUTH)]
-        scores = torch.empty(inputs.size, dtype=torch.float32)
+        scores = np.empty(inputs.size, dtype=np.float32)
         budget_end_s = time.monotonic() + self._time_budget_s
         for row in range(inputs.size):
             deadline.check("rule scoring")
@@ -181,13 +175,13 @@ class ModelScorer:
 
     async def score(
         self, inputs: RewardInputs, deadline: Deadline
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[np.ndarray, dict[str, float]]:
         start_s = time.perf_counter()
         with tracing.span("reward.model", batch_size=inputs.size):
             scores = await asyncio.to_thread(
                 self._model.score, inputs.input_ids, inputs.attention_mask, deadline
             )
-        return scores, {"model_s": time.perf_counter() - start_s}
+        return scores.cpu().numpy(), {"model_s": time.perf_counter() - start_s}
 
     async def close(self) -> None:
         pass
@@ -208,7 +202,7 @@ class HttpScorer:
 
     async def score(
         self, inputs: RewardInputs, deadline: Deadline
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[np.ndarray, dict[str, float]]:
         start_s = time.perf_counter()
         payloads = [
             {key: values[row] for key, values in inputs.columns.items()}
@@ -222,8 +216,8 @@ class HttpScorer:
                 span.set_attribute("rlserve.failures", len(result.failures))
         if self._raise and result.failures:
             raise self._rpc_error(result.failures[0])
-        scores = torch.tensor(
-            [self._fallback_score if s is None else s for s in result.scores], dtype=torch.float32
+        scores = np.array(
+            [self._fallback_score if s is None else s for s in result.scores], dtype=np.float32
         )
         return scores, {
             "http_s": time.perf_counter() - start_s,
@@ -254,7 +248,12 @@ class RewardEngine:
     def kind_weights(self) -> dict[str, float]:
         return {name: weight for name, (_, weight) in self._kinds.items()}
 
-    def parse(self, batch: Batch, field: str = "batch") -> RewardInputs:
+    @property
+    def reads_tensors(self) -> bool:
+        """Whether a kind reads the request's tensors (a model's token ids)."""
+        return any(scorer.vocab_size is not None for scorer, _ in self._kinds.values())
+
+    def parse(self, batch: Rows, field: str = "batch") -> RewardInputs:
         """Checks `batch` against what the kinds need; errors name the field."""
         require_rows(batch, self.max_batch_samples, field)
         scorers = [scorer for scorer, _ in self._kinds.values()]
@@ -267,6 +266,9 @@ class RewardEngine:
         input_ids = attention_mask = None
         vocab_sizes = [s.vocab_size for s in scorers if s.vocab_size is not None]
         if vocab_sizes:
+            # Only a model kind reads tensors, and it brings torch (rlserve-reward[model]).
+            from rlserve.core.tensor_checks import require_mask, require_token_ids
+
             input_ids = require_token_ids(batch, "input_ids", min(vocab_sizes), field)
             attention_mask = require_mask(batch, "attention_mask", input_ids, "input_ids", field)
             empty = (attention_mask.sum(dim=-1) == 0).nonzero()
@@ -297,22 +299,22 @@ class RewardEngine:
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
             raise
-        kind_scores: dict[str, torch.Tensor] = {}
+        kind_scores: dict[str, np.ndarray] = {}
         metrics: dict[str, float] = {"samples": float(inputs.size)}
-        combined = torch.zeros(inputs.size, dtype=torch.float64)
+        combined = np.zeros(inputs.size, dtype=np.float64)
         for name, task in tasks.items():
             scores, kind_metrics = task.result()
             kind_scores[name] = scores
             metrics.update(kind_metrics)
-            combined += self._kinds[name][1] * scores.double()
-        return RewardResult(combined.float(), kind_scores, metrics)
+            combined += self._kinds[name][1] * scores.astype(np.float64)
+        return RewardResult(combined.astype(np.float32), kind_scores, metrics)
 
     async def close(self) -> None:
         for scorer, _ in self._kinds.values():
             await scorer.close()
 
 
-def _require_strings(batch: Batch, key: str, field: str, max_chars: int | None) -> list[str]:
+def _require_strings(batch: Rows, key: str, field: str, max_chars: int | None) -> list[str]:
     values = require_non_tensor(batch, key, field)
     for row, value in enumerate(values):
         if not isinstance(value, str):

@@ -19,7 +19,6 @@ from importlib.metadata import version as package_version
 from ray import serve
 
 from rlserve.core.auth import server_auth_mode
-from rlserve.core.codec import metrics_to_proto
 from rlserve.core.config import settings_json
 from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.lease import RunLease
@@ -30,6 +29,7 @@ from rlserve.core.serving import (
     rpc_method,
     setup_replica_tracing,
 )
+from rlserve.core.wire import metrics_to_proto
 from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.controller import RolloutController, controller_settings

@@ -1,11 +1,12 @@
 """Checks of rollout requests, before any work: each failure names the field.
 
-Built on rlserve.core.validation (ids within the vocabulary, masks shaped like their ids
-and holding 0/1, finite floats, row and token limits). The rollout-specific rules on top:
+Built on rlserve.core.tensor_checks (ids within the vocabulary, masks shaped like their
+ids and holding 0/1, finite floats) and rlserve.core.validation (row and token limits).
+The rollout-specific rules on top:
 
 - prompts are left-padded: each attention_mask row is zeros then ones, with at least
   one real token, so a prompt ends exactly where generation starts;
-- a sequence batch is prompt ‖ response, checked by rlserve.core.validation's
+- a sequence batch is prompt ‖ response, checked by rlserve.core.tensor_checks'
   require_sequences (the one layout rule of every model service: responses [N, R] are
   the last R columns of input_ids wherever response_mask is 1, those positions are real
   tokens, and at least one prompt column precedes them); rows of an update have at
@@ -22,15 +23,14 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.serving import invalid_argument, resource_exhausted
-from rlserve.core.validation import (
+from rlserve.core.tensor_checks import (
     require_finite,
     require_mask,
-    require_rows,
     require_sequences,
     require_tensor,
     require_token_ids,
-    require_tokens,
 )
+from rlserve.core.validation import require_rows, require_tokens
 from rlserve.rollout.generation import SamplingSettings
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -130,7 +130,7 @@ def check_sequences(
     max_request_tokens: int | None = None,
     field: str = "batch",
 ) -> Batch:
-    """prompt ‖ response sequences (rlserve.core.validation.require_sequences, the rule
+    """prompt ‖ response sequences (rlserve.core.tensor_checks.require_sequences, the rule
     critic and reference apply too); returns the batch with int64 ids and masks."""
     sequences = require_sequences(batch, vocab_size, max_batch_samples, field, max_request_tokens)
     return _with_tensors(batch, **sequences.tensors)
