@@ -7,18 +7,12 @@ request names the weights version it expects, and the version the actor reports 
 an update becomes the next expectation, so policies are never mixed unknowingly; a
 step records its batch's staleness (weights versions between generation and training).
 
-rollout.mode decides when a step's batch is generated. 'sync': at the step's start,
-with the weights it trains (staleness 0). 'one_step_off': step t+1's generation is
-asked for as soon as step t's log-probs are in, expecting the weights step t trains
-from, and step t's actor update is sent once that generation is done. The rollout's
-workers run one call at a time and both generate and train, so the generation comes
-after step t's log-probs (which would otherwise wait behind it, deadline running) and
-before its update (which would otherwise move the version under it). Step t+1's
-generation overlaps the rest of step t's reference, value and reward forwards, its
-advantages and the critic's update, and step t+1 trains on samples one update old
-(staleness 1), corrected by truncated importance weights to the generating policy
-(`_rollout_is_weights`). A checkpoint keeps the generation done for the next step, so a
-resumed run (same total_steps) trains exactly what the uninterrupted one would have.
+rollout.mode's schedule (rlserve.trainer.schedule: 'sync' or 'one_step_off') decides
+when a step's batch is generated; the step calls it for its generation, once its old
+log-probs are in (one_step_off starts the next step's generation then) and before the
+actor's update (which one_step_off holds until that generation is done). Rewards are
+rlserve.trainer.rewards', dynamic sampling's rounds rlserve.trainer.dynamic_sampling's,
+and a checkpoint's round trip through the services rlserve.trainer.checkpoint's.
 
 Tracing: each step is one trace. `run_step` opens the root span `ppo.step` (attribute
 `rlserve.step`: the step's number as metrics.jsonl, TensorBoard, the progress bar and
@@ -34,10 +28,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -48,7 +42,6 @@ from rlserve.core.algos.kl import AdaptiveKLController, FixedKLController
 from rlserve.core.algos.masked import masked_mean
 from rlserve.core.algos.rollout_correction import truncated_is_weights
 from rlserve.core.batch import Batch
-from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.advantages import (
     advantage_settings,
@@ -65,6 +58,7 @@ from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
 from rlserve.trainer.dynamic_sampling import informative_batch
 from rlserve.trainer.rewards import Rewards, warn_reward_failures
+from rlserve.trainer.schedule import Generation, schedule_for
 from rlserve.v1 import critic_pb2, reference_pb2, rollout_pb2
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
@@ -72,20 +66,7 @@ SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class Generation:
-    """A step's generated batch: its prompts (None after dynamic sampling, whose batch
-    mixes rounds), the batch, and the rollout service's generation metrics."""
-
-    rows: list[PromptRow] | None
-    batch: Batch
-    metrics: dict[str, float]
-
-
-NEXT_GENERATION_FILE = "next_generation.pb"
-"""In a one_step_off checkpoint: the generation done for the step after it (a
-GenerateSequencesResponse; its prompts are in trainer_state.json)."""
+T = TypeVar("T")
 
 
 async def _timed(name: str, timings: dict[str, float], call: Awaitable[Any]) -> Any:
@@ -94,6 +75,13 @@ async def _timed(name: str, timings: dict[str, float], call: Awaitable[Any]) -> 
         return await call
     finally:
         timings[f"time/{name}_s"] = time.perf_counter() - started
+
+
+async def _then(call: Awaitable[T], after: Callable[[], None]) -> T:
+    """`call`'s result, after calling `after()` once it is in (not when `call` fails)."""
+    result = await call
+    after()
+    return result
 
 
 def _kl_controller(config: RunConfig) -> FixedKLController | AdaptiveKLController:
@@ -159,8 +147,9 @@ class PPOTrainer:
         self.state = TrainerState()
         self.advantage_settings = advantage_settings(config)
         self.rewards = Rewards(clients.reward, config)
-        # one_step_off: (step, its generation, running or done) asked for a step early
-        self._next_generation: tuple[int, asyncio.Future[Generation]] | None = None
+        self.schedule = schedule_for(
+            config.rollout.mode, self._generation_for, config.trainer.total_steps
+        )
         self._in_progress: _StepInProgress | None = None
 
     # --- one step ---------------------------------------------------------------------
@@ -247,48 +236,9 @@ class PPOTrainer:
         )
         return Generation(None, batch, metrics)
 
-    async def _take_generation(self, step: int) -> Generation:
-        """The generation asked for a step early (one_step_off), else a new one."""
-        if self._next_generation is not None and self._next_generation[0] == step:
-            pending = self._next_generation[1]
-            self._next_generation = None
-            return await pending
-        self.discard_next_generation()
-        return await self._generation_for(step, self.state.weights_version)
-
-    def _ask_for_next_generation(self, step: int) -> None:
-        """one_step_off: starts step+1's generation from the current weights."""
-        if self.config.rollout.mode != "one_step_off":
-            return
-        if step + 1 >= self.config.trainer.total_steps:
-            return
-        task = asyncio.create_task(self._generation_for(step + 1, self.state.weights_version))
-        self._next_generation = (step + 1, task)
-
-    async def _next_generation_done(self) -> float:
-        """Waits until the next step's generation (if asked for) has finished, without
-        raising its error (the step that uses it does); returns the seconds waited.
-
-        Raises CancelledError when it was discarded meanwhile: this step was abandoned
-        (a restore or the run's end), and its update must not reach the service."""
-        if self._next_generation is None:
-            return 0.0
-        task = self._next_generation[1]
-        started = time.perf_counter()
-        await asyncio.wait([task])
-        if task.cancelled():
-            raise asyncio.CancelledError
-        return time.perf_counter() - started
-
     def discard_next_generation(self) -> None:
         """Cancels a generation asked for a step early (before a restore, at the end)."""
-        if self._next_generation is None:
-            return
-        task = self._next_generation[1]
-        self._next_generation = None
-        task.cancel()
-        if task.done() and not task.cancelled():
-            task.exception()  # marks a failure as seen: no step will use this generation
+        self.schedule.discard()
 
     async def _greedy_baseline(self, rows: list[PromptRow], step: int) -> torch.Tensor:
         """ReMax's baseline: the score of the greedy response to each prompt, one
@@ -372,7 +322,7 @@ class PPOTrainer:
         progress = self._in_progress
         if progress is None:
             return
-        self.discard_next_generation()  # asked for during this attempt, from its prompts
+        self.schedule.discard()  # asked for during this attempt, from its prompts
         self.state.step = progress.step
         self.state.weights_version = progress.weights_version
         self.kl_controller.load_state_dict(progress.kl_controller)
@@ -389,9 +339,7 @@ class PPOTrainer:
             kl_controller=self.kl_controller.state_dict(),
             stream=self.stream.state_dict(),
             rng=rng_state(),
-            took_early_generation=(
-                self._next_generation is not None and self._next_generation[0] == step
-            ),
+            took_early_generation=self.schedule.holds_generation_for(step),
         )
         return self._in_progress
 
@@ -403,7 +351,9 @@ class PPOTrainer:
             self.stream.load_state_dict(stream)
             restore_rng(rng)
             return progress.generation
-        generation = await _timed("generate", timings, self._take_generation(progress.step))
+        generation = await _timed(
+            "generate", timings, self.schedule.generation(progress.step, self.state.weights_version)
+        )
         progress.generation = generation
         progress.after_generation = (self.stream.state_dict(), rng_state())
         return generation
@@ -434,7 +384,6 @@ class PPOTrainer:
             _, log_probs = await self.clients.rollout.call_with_batch(
                 "ComputeLogProb", log_prob_request, sequences
             )
-            self._ask_for_next_generation(step)  # one_step_off, see the module docstring
             return log_probs
 
         forwards: dict[str, Any] = {} if single_pass else {"log_prob": log_prob}
@@ -454,20 +403,21 @@ class PPOTrainer:
             )
         forward_started = time.perf_counter()
         if progress.forwards is None:
-            progress.forwards = dict(
-                zip(
-                    forwards,
-                    await asyncio.gather(
-                        *(_timed(name, timings, call()) for name, call in forwards.items())
-                    ),
-                    strict=True,
+            calls = {name: _timed(name, timings, call()) for name, call in forwards.items()}
+            if "log_prob" in calls:
+                # the schedule hears once the old log-probs are in (one_step_off starts the
+                # next step's generation then), while the other forwards run on
+                calls["log_prob"] = _then(
+                    calls["log_prob"],
+                    lambda: self.schedule.old_log_probs_taken(step, self.state.weights_version),
                 )
-            )
+            answers = await asyncio.gather(*calls.values())
+            progress.forwards = dict(zip(calls, answers, strict=True))
             progress.reward_figures = Counter(self.rewards.figures)
         else:  # run again after a rewind: the same results, so the same update batches
             self.rewards.figures = Counter(progress.reward_figures)
             if "log_prob" in progress.forwards:
-                self._ask_for_next_generation(step)
+                self.schedule.old_log_probs_taken(step, self.state.weights_version)
         results = progress.forwards
         timings["time/forward_wall_s"] = time.perf_counter() - forward_started
 
@@ -528,8 +478,10 @@ class PPOTrainer:
         )
 
         async def update_actor() -> rollout_pb2.UpdateActorResponse:
-            # the next step's generation expects the weights this update replaces
-            timings["time/update_actor_waits_generation_s"] = await self._next_generation_done()
+            # one_step_off: the next step's generation expects the weights this update replaces
+            timings[
+                "time/update_actor_waits_generation_s"
+            ] = await self.schedule.before_actor_update()
             update = self.clients.rollout.call_with_batch("UpdateActor", actor_request, actor_batch)
             return await _timed("update_actor", timings, update)
 
@@ -674,9 +626,8 @@ class PPOTrainer:
             )
 
     async def _checkpoint_state(self, directory: Path) -> dict[str, Any]:
-        """trainer_state.json, once the next step's generation (one_step_off) is written
-        beside it."""
-        next_generation = await self._save_next_generation(directory)
+        """trainer_state.json, once the schedule has written what it holds beside it."""
+        next_generation = await self.schedule.save(directory)
         return {
             "step": self.state.step,
             "weights_version": self.state.weights_version,
@@ -686,42 +637,6 @@ class PPOTrainer:
             "rng": rng_state(),
             "next_generation": next_generation,
         }
-
-    async def _save_next_generation(self, directory: Path) -> dict[str, Any] | None:
-        """Writes the next step's generation (one_step_off) beside the trainer state;
-        returns what trainer_state.json keeps of it (its step and prompts)."""
-        if self._next_generation is None:
-            return None
-        step, task = self._next_generation
-        generation = await task  # its error fails the checkpoint, as it would the step
-        response = rollout_pb2.GenerateSequencesResponse(
-            batch=batch_to_proto(generation.batch), metrics=generation.metrics
-        )
-        (directory / NEXT_GENERATION_FILE).write_bytes(response.SerializeToString())
-        rows = generation.rows
-        return {
-            "step": step,
-            "rows": None if rows is None else [[row.prompt, row.ground_truth] for row in rows],
-        }
-
-    def _restore_next_generation(self, directory: Path, saved: dict[str, Any] | None) -> None:
-        self.discard_next_generation()
-        if saved is None or self.config.rollout.mode != "one_step_off":
-            # resumed in sync mode: its prompts are skipped rather than trained one
-            # update old without the correction that mode does not apply
-            return
-        response = rollout_pb2.GenerateSequencesResponse.FromString(
-            (directory / NEXT_GENERATION_FILE).read_bytes()
-        )
-        rows = saved["rows"]
-        generation = Generation(
-            None if rows is None else [PromptRow(prompt, answer) for prompt, answer in rows],
-            batch_from_proto(response.batch),
-            dict(response.metrics),
-        )
-        restored: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        restored.set_result(generation)
-        self._next_generation = (int(saved["step"]), restored)
 
     async def reset_used_services(self) -> list[str]:
         """Resets the rollout and critic services when an earlier run left them trained
@@ -752,7 +667,7 @@ class PPOTrainer:
         return [role for role, _ in used]
 
     async def load_checkpoint(self, directory: Path, trainer_state: dict[str, Any]) -> None:
-        self.discard_next_generation()
+        self.schedule.discard()
         self._in_progress = None
         await load_service_checkpoints(
             directory,
@@ -767,4 +682,4 @@ class PPOTrainer:
         self.kl_controller.load_state_dict(trainer_state["kl_controller"])
         restore_rng(trainer_state["rng"])
         # absent from checkpoints written before one_step_off existed
-        self._restore_next_generation(directory, trainer_state.get("next_generation"))
+        self.schedule.restore(directory, trainer_state.get("next_generation"))
