@@ -39,23 +39,28 @@ service's server span becomes its child; a failed attempt's span is marked ERROR
 retry shows as a second client span. With tracing off nothing is added to the call.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import message_factory
 from opentelemetry.trace import Status, StatusCode
 
 from rlserve.core import auth, tracing
-from rlserve.core.batch import Batch
-from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.lease import run_id_metadata
 from rlserve.core.serving import deadline_metadata
+
+# Batches need torch; a client that sends none (GetInfo, a health probe, a torch-free
+# node's calls) never loads it.
+if TYPE_CHECKING:
+    from rlserve.core.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -437,6 +442,8 @@ def _with_batch(request: Any, field: str, batch: Batch) -> Any:
     """A copy of `request` with `batch` encoded into its (empty) field `field`."""
     wire_request = type(request)()
     wire_request.CopyFrom(request)
+    from rlserve.core.codec import batch_to_proto
+
     batch_to_proto(batch, into=getattr(wire_request, field))
     return wire_request
 
@@ -445,6 +452,8 @@ def _response_batch(response: Any) -> Batch | None:
     """The response's batch field decoded, None when it has none."""
     if "batch" not in response.DESCRIPTOR.fields_by_name or not response.HasField("batch"):
         return None
+    from rlserve.core.codec import batch_from_proto
+
     return batch_from_proto(response.batch)
 
 
