@@ -510,3 +510,49 @@ def test_a_replay_reporting_other_weights_stops_the_run(tokenizer, tmp_path):
     with pytest.raises(RuntimeError, match="another trainer is updating the service"):
         asyncio.run(trainer.run_step())
     assert trainer.state.weights_version == 0
+
+
+def test_a_rewound_step_sends_the_same_batches_and_asks_for_the_next_generation_again(
+    tokenizer, tmp_path
+):
+    """A failure after the forwards (here the actor's update) and a rewind run the step
+    again with its first attempt's generation and forwards: the update gets the same
+    batch, and one_step_off asks again for the next step's generation it discarded."""
+    trainer = _one_step_off_trainer(tokenizer, tmp_path, total_steps=2)
+    attempts = []
+
+    def failing_once(request):
+        attempts.append(batch_from_proto(request.batch))
+        if len(attempts) == 1:
+            raise ConnectionError("the update's answer was lost")
+        return _update_actor(request)
+
+    trainer.clients.rollout.handlers["UpdateActor"] = failing_once
+
+    async def fail_rewind_and_run_again():
+        with pytest.raises(ConnectionError):
+            await trainer.run_step()
+        assert trainer.schedule.holds_generation_for(1)  # asked for during the attempt
+        trainer.rewind()
+        assert not trainer.schedule.holds_generation_for(1)  # discarded with it
+        return await trainer.run_step()
+
+    metrics = asyncio.run(fail_rewind_and_run_again())
+    rollout = trainer.clients.rollout
+    assert [rpc for rpc, _ in rollout.requests] == [
+        "GenerateSequences",
+        "ComputeLogProb",
+        "GenerateSequences",
+        "UpdateActor",
+        "GenerateSequences",
+        "UpdateActor",
+    ]
+    first, second = attempts
+    assert first.tensors.keys() == second.tensors.keys()
+    for key in first.tensors:
+        torch.testing.assert_close(first[key], second[key])
+    asked = rollout.sent("GenerateSequences")
+    assert asked[1].sampling.seed == asked[2].sampling.seed  # the same prompts and seed
+    assert asked[1].prompts == asked[2].prompts
+    assert trainer.state.step == 1 and metrics["weights_version"] == 1.0
+    assert trainer.schedule.holds_generation_for(1)

@@ -7,6 +7,10 @@ request names the weights version it expects, and the version the actor reports 
 an update becomes the next expectation, so policies are never mixed unknowingly; a
 step records its batch's staleness (weights versions between generation and training).
 
+`PPOTrainer._run_step` is the step, phase by phase: its generation, the forwards (old
+log-probs, reward, ReMax's greedy baseline, reference log-probs, values), the batch
+with their results (and rollout correction's weights), advantages, the actor's batch,
+the two updates, the KL controller and the step's metrics (rlserve.trainer.step_metrics).
 rollout.mode's schedule (rlserve.trainer.schedule: 'sync' or 'one_step_off') decides
 when a step's batch is generated; the step calls it for its generation, once its old
 log-probs are in (one_step_off starts the next step's generation then) and before the
@@ -39,7 +43,6 @@ from rlserve.core import tracing
 from rlserve.core.algos.advantage_registry import estimator_needs
 from rlserve.core.algos.dapo import truncated_responses
 from rlserve.core.algos.kl import AdaptiveKLController, FixedKLController
-from rlserve.core.algos.masked import masked_mean
 from rlserve.core.algos.rollout_correction import truncated_is_weights
 from rlserve.core.batch import Batch
 from rlserve.core.run_config import RunConfig
@@ -59,6 +62,7 @@ from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
 from rlserve.trainer.dynamic_sampling import informative_batch
 from rlserve.trainer.rewards import Rewards, warn_reward_failures
 from rlserve.trainer.schedule import Generation, schedule_for
+from rlserve.trainer.step_metrics import step_metrics
 from rlserve.v1 import critic_pb2, reference_pb2, rollout_pb2
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
@@ -152,7 +156,7 @@ class PPOTrainer:
         )
         self._in_progress: _StepInProgress | None = None
 
-    # --- one step ---------------------------------------------------------------------
+    # --- generation -------------------------------------------------------------------
 
     def _sampling(
         self, step: int, round_index: int = 0, greedy: bool = False
@@ -236,15 +240,255 @@ class PPOTrainer:
         )
         return Generation(None, batch, metrics)
 
-    def discard_next_generation(self) -> None:
-        """Cancels a generation asked for a step early (before a restore, at the end)."""
-        self.schedule.discard()
-
     async def _greedy_baseline(self, rows: list[PromptRow], step: int) -> torch.Tensor:
         """ReMax's baseline: the score of the greedy response to each prompt, one
         generation (temperature 0, one response) and one reward call. Shape: (prompts,)."""
         greedy, _ = await self._generate(rows, self._sampling(step, greedy=True))
         return (await self.rewards.rewards(greedy))["scores"]
+
+    def discard_next_generation(self) -> None:
+        """Cancels a generation asked for a step early (before a restore, at the end)."""
+        self.schedule.discard()
+
+    # --- one step ---------------------------------------------------------------------
+
+    async def run_step(self) -> dict[str, float]:
+        """Runs step `state.step` (0-based in requests; metrics and the trace's
+        `rlserve.step` count it from 1) and returns its metrics; one trace."""
+        with tracing.span("ppo.step", step=self.state.step + 1) as root:
+            metrics = await self._run_step()
+            if root.is_recording():
+                root.set_attributes(
+                    {
+                        "rlserve.batch_size": int(metrics["samples"]),
+                        "rlserve.weights_version": self.state.weights_version,
+                        "rlserve.reward_mean": metrics["reward_mean"],
+                    }
+                )
+        return metrics
+
+    async def _run_step(self) -> dict[str, float]:
+        step = self.state.step
+        config = self.config
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        self.rewards.figures.clear()
+        progress = self._start_step(step)
+
+        generation = await self._step_generation(progress, timings)
+        batch = generation.batch
+        staleness = self.state.weights_version - int(batch.meta["weights_version"])
+        # One on-policy optimizer step: the update's own forward gives the old log-probs.
+        single_pass = config.single_pass_update and len(batch) == config.actor_mini_batch_samples
+        results = await self._forwards(progress, generation, single_pass, timings)
+        batch, correction_metrics = self._with_forward_results(batch, results)
+        batch, adv_metrics = self._with_advantages(batch, timings)
+        actor_batch, actor_batch_metrics = self._actor_batch(batch, single_pass, correction_metrics)
+
+        update_results = await self._updates(step, batch, actor_batch, timings)
+        actor_update, update_scores = update_results["update_actor"]
+        replayed_updates = self._check_updates(step, update_results)
+        self.state.weights_version = actor_update.weights_version
+        if single_pass:
+            batch, drift = self._with_update_scores(batch, update_scores)
+            adv_metrics = {**adv_metrics, **drift}
+        kl_mean = float(adv_metrics["kl_mean"])
+        self.kl_controller.update(kl_mean, n_steps=len(batch))
+
+        metrics = step_metrics(
+            batch,
+            adv_metrics,
+            kl_mean=kl_mean,
+            weights_version=self.state.weights_version,
+            staleness=staleness,
+            replayed_updates=replayed_updates,
+            step_s=time.perf_counter() - started,
+            timings=timings,
+            update_results=update_results,
+            generation_metrics=generation.metrics,
+            actor_batch_metrics=actor_batch_metrics,
+            reward_figures=self.rewards.figures,
+            overlong_penalty=(
+                self.rewards.overlong_penalty(batch)
+                if config.algorithm.overlong_buffer_tokens
+                else None
+            ),
+        )
+        warn_reward_failures(step, self.rewards.figures)
+        self.state.step = step + 1
+        self.state.last_metrics = metrics
+        self._in_progress = None
+        return metrics
+
+    def _start_step(self, step: int) -> _StepInProgress:
+        progress = self._in_progress
+        if progress is not None and progress.step == step:
+            return progress  # run again after a rewind
+        self._in_progress = _StepInProgress(
+            step=step,
+            weights_version=self.state.weights_version,
+            kl_controller=self.kl_controller.state_dict(),
+            stream=self.stream.state_dict(),
+            rng=rng_state(),
+            took_early_generation=self.schedule.holds_generation_for(step),
+        )
+        return self._in_progress
+
+    async def _step_generation(
+        self, progress: _StepInProgress, timings: dict[str, float]
+    ) -> Generation:
+        """The step's batch, from its schedule; a step run again after a rewind gets its
+        first attempt's, with the prompt stream and RNGs as that one left them."""
+        if progress.generation is not None:
+            stream, rng = progress.after_generation
+            self.stream.load_state_dict(stream)
+            restore_rng(rng)
+            return progress.generation
+        generation = self.schedule.generation(progress.step, self.state.weights_version)
+        progress.generation = await _timed("generate", timings, generation)
+        progress.after_generation = (self.stream.state_dict(), rng_state())
+        return progress.generation
+
+    async def _forwards(
+        self,
+        progress: _StepInProgress,
+        generation: Generation,
+        single_pass: bool,
+        timings: dict[str, float],
+    ) -> dict[str, Any]:
+        """The step's forwards (`_forward_calls`), concurrently, each timed
+        (time/<name>_s) and together (time/forward_wall_s). The schedule hears when the
+        old log-probs are in, while the other forwards run on. A step run again after a
+        rewind gets its first attempt's results and reward figures, so it sends the same
+        update batches."""
+        step = progress.step
+        forward_started = time.perf_counter()
+        if progress.forwards is None:
+            calls = {
+                name: _timed(name, timings, call)
+                for name, call in self._forward_calls(step, generation, single_pass).items()
+            }
+            if "log_prob" in calls:
+                calls["log_prob"] = _then(
+                    calls["log_prob"],
+                    lambda: self.schedule.old_log_probs_taken(step, self.state.weights_version),
+                )
+            answers = await asyncio.gather(*calls.values())
+            progress.forwards = dict(zip(calls, answers, strict=True))
+            progress.reward_figures = Counter(self.rewards.figures)
+        else:
+            self.rewards.figures = Counter(progress.reward_figures)
+            if "log_prob" in progress.forwards:
+                self.schedule.old_log_probs_taken(step, self.state.weights_version)
+        timings["time/forward_wall_s"] = time.perf_counter() - forward_started
+        return progress.forwards
+
+    def _forward_calls(
+        self, step: int, generation: Generation, single_pass: bool
+    ) -> dict[str, Awaitable[Any]]:
+        """The forwards the step needs: old log-probs unless the update computes them
+        (single pass), the reward unless dynamic sampling scored the batch, ReMax's
+        greedy baseline, reference log-probs and values when those services are in use."""
+        batch = generation.batch
+        sequences = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[])
+        needs = estimator_needs(self.config.algorithm.adv_estimator)
+        calls: dict[str, Awaitable[Any]] = {}
+        if not single_pass:
+            request = rollout_pb2.ComputeLogProbRequest(
+                return_entropy=True,
+                expected_weights_version=self.state.weights_version,
+                return_sum_pi_squared="sum_pi_squared" in needs,
+            )
+            calls["log_prob"] = self.clients.rollout.call_with_batch(
+                "ComputeLogProb", request, sequences
+            )
+        if "scores" not in batch.tensors:
+            calls["reward"] = self.rewards.rewards(batch)
+        if "baseline_scores" in needs:
+            # dynamic sampling needs a group estimator, so `rows` is this step's prompts
+            assert generation.rows is not None
+            calls["greedy_baseline"] = self._greedy_baseline(generation.rows, step)
+        if self.clients.reference is not None:
+            calls["ref_log_prob"] = self.clients.reference.call_with_batch(
+                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), sequences
+            )
+        if self.clients.critic is not None:
+            calls["values"] = self.clients.critic.call_with_batch(
+                "ComputeValues", critic_pb2.ComputeValuesRequest(), sequences
+            )
+        return calls
+
+    def _with_forward_results(
+        self, batch: Batch, results: dict[str, Any]
+    ) -> tuple[Batch, dict[str, float]]:
+        """The batch with the forwards' tensors, and rollout correction's weights when it
+        is on (`_rollout_is_weights`, whose metrics are returned)."""
+        extra = {}
+        if "log_prob" in results:
+            log_probs = results["log_prob"][1]
+            extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
+            if "sum_pi_squared" in log_probs.tensors:
+                extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
+        if "reward" in results:
+            extra.update(results["reward"])
+        if "greedy_baseline" in results:
+            # each sample gets the greedy score of its prompt (uid = the prompt's index)
+            prompt_index = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
+            extra["baseline_scores"] = results["greedy_baseline"][prompt_index]
+        if "ref_log_prob" in results:
+            extra["ref_log_probs"] = results["ref_log_prob"][1]["ref_log_probs"]
+        if "values" in results:
+            extra["values"] = results["values"][1]["values"]
+        batch = Batch(
+            tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors, meta=batch.meta
+        )
+        if self.config.rollout_is_cap is None:
+            return batch, {}
+        return self._rollout_is_weights(batch)
+
+    def _with_advantages(
+        self, batch: Batch, timings: dict[str, float]
+    ) -> tuple[Batch, dict[str, Any]]:
+        """The batch with advantages and returns, and compute_advantages' metrics."""
+        math_started = time.perf_counter()
+        with tracing.span("trainer.advantages", batch_size=len(batch)):
+            targets, adv_metrics = compute_advantages(
+                batch,
+                self.advantage_settings,
+                self.kl_controller.value,
+                self.rewards.component_weights(),
+            )
+        timings["time/advantages_s"] = time.perf_counter() - math_started
+        batch = Batch(
+            tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors, meta=batch.meta
+        )
+        return batch, adv_metrics
+
+    def _actor_batch(
+        self, batch: Batch, single_pass: bool, correction_metrics: dict[str, float]
+    ) -> tuple[Batch, dict[str, float]]:
+        """What UpdateActor trains on: the sequences, advantages (without the signal of
+        truncated responses with algorithm.filter_overlong, weighted by rollout
+        correction when it is on), old log-probs unless the update computes them, and
+        reference log-probs for a KL loss; with the filters' metrics."""
+        config = self.config
+        actor_keys = [*SEQUENCE_KEYS, "advantages"] + ([] if single_pass else ["old_log_probs"])
+        if config.actor.use_kl_loss:
+            actor_keys.append("ref_log_probs")
+        actor_batch = batch.select(tensor_keys=actor_keys, non_tensor_keys=[])
+        metrics = {}
+        if config.algorithm.filter_overlong:
+            actor_batch, metrics = self._without_truncated_signal(actor_batch)
+        if config.rollout_is_cap is not None:
+            # each token's policy-gradient term weighted (see _rollout_is_weights)
+            weighted = actor_batch["advantages"] * batch["rollout_is_weights"]
+            actor_batch = Batch(
+                {**actor_batch.tensors, "advantages": weighted},
+                actor_batch.non_tensors,
+                actor_batch.meta,
+            )
+            metrics.update(correction_metrics)
+        return actor_batch, metrics
 
     def _without_truncated_signal(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The actor's batch with zero advantage for every response cut off at
@@ -281,20 +525,88 @@ class PPOTrainer:
         )
         return weighted, {f"rollout_is/{key}": float(value) for key, value in metrics.items()}
 
-    async def run_step(self) -> dict[str, float]:
-        """Runs step `state.step` (0-based in requests; metrics and the trace's
-        `rlserve.step` count it from 1) and returns its metrics; one trace."""
-        with tracing.span("ppo.step", step=self.state.step + 1) as root:
-            metrics = await self._run_step()
-            if root.is_recording():
-                root.set_attributes(
-                    {
-                        "rlserve.batch_size": int(metrics["samples"]),
-                        "rlserve.weights_version": self.state.weights_version,
-                        "rlserve.reward_mean": metrics["reward_mean"],
-                    }
+    async def _updates(
+        self, step: int, batch: Batch, actor_batch: Batch, timings: dict[str, float]
+    ) -> dict[str, Any]:
+        """The actor's and critic's updates, concurrently, each timed and together
+        (time/update_wall_s); name -> (response, batch)."""
+        actor_request = rollout_pb2.UpdateActorRequest(
+            step=step, weights_version=self.state.weights_version
+        )
+        updates: dict[str, Awaitable[Any]] = {
+            "update_actor": self._update_actor(actor_request, actor_batch, timings)
+        }
+        if self.clients.critic is not None:
+            critic_keys = [*SEQUENCE_KEYS, "values", "returns"]
+            critic_batch = batch.select(tensor_keys=critic_keys, non_tensor_keys=[])
+            update = self.clients.critic.call_with_batch(
+                "UpdateCritic", critic_pb2.UpdateCriticRequest(step=step), critic_batch
+            )
+            updates["update_critic"] = _timed("update_critic", timings, update)
+        update_started = time.perf_counter()
+        update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
+        timings["time/update_wall_s"] = time.perf_counter() - update_started
+        return update_results
+
+    async def _update_actor(
+        self,
+        request: rollout_pb2.UpdateActorRequest,
+        actor_batch: Batch,
+        timings: dict[str, float],
+    ) -> tuple[rollout_pb2.UpdateActorResponse, Batch | None]:
+        # one_step_off: the next step's generation expects the weights this update replaces
+        timings["time/update_actor_waits_generation_s"] = await self.schedule.before_actor_update()
+        update = self.clients.rollout.call_with_batch("UpdateActor", request, actor_batch)
+        return await _timed("update_actor", timings, update)
+
+    def _with_update_scores(
+        self, batch: Batch, update_scores: Batch | None
+    ) -> tuple[Batch, dict[str, torch.Tensor]]:
+        """A single-pass step's batch with the entropy its update's forward answered, and
+        the policy's drift from the reference by that forward's log-probs (kl_mean and
+        kl_token_mean, in place of compute_advantages'; none without a reference)."""
+        if update_scores is None:
+            raise RuntimeError(
+                "UpdateActor answered no log-probs for a batch without old_log_probs; "
+                "the rollout service predates single-pass updates: redeploy it"
+            )
+        batch = Batch(
+            {**batch.tensors, "entropy": update_scores["entropy"]}, batch.non_tensors, batch.meta
+        )
+        if "ref_log_probs" not in batch.tensors:
+            return batch, {}
+        mask = batch["response_mask"].float()
+        drift = reference_drift(
+            update_scores["log_probs"], batch["ref_log_probs"], mask, self.advantage_settings
+        )
+        return batch, drift
+
+    def _check_updates(self, step: int, update_results: dict[str, Any]) -> float:
+        """How many of the step's updates were answered as replays (retries of a call
+        whose first answer was lost). A service answers a replay only for the batch it
+        applied, so a replay is sound when it reports the weights this step makes; one
+        that reports others means something else updated the service since.
+
+        Raises:
+            RuntimeError: an update answered weights other than the ones this step makes.
+        """
+        replayed = 0
+        expected = {"update_actor": self.state.weights_version + 1}
+        for name, (response, _) in update_results.items():
+            if not response.replayed:
+                continue
+            replayed += 1
+            logger.info("step %d: %s answered a replay of the batch it applied", step, name)
+            wanted = expected.get(name)
+            if wanted is not None and response.weights_version != wanted:
+                raise RuntimeError(
+                    f"step {step}: {name} answered a replay at weights version "
+                    f"{response.weights_version}, but this step makes version {wanted}: "
+                    "another trainer is updating the service; stop it, then resume this run"
                 )
-        return metrics
+        return float(replayed)
+
+    # --- recovery ---------------------------------------------------------------------
 
     def intact_service_states(self) -> tuple[set[tuple[int, int]], set[int]]:
         """The (weights version, last applied step) of the rollout, and the critic's last
@@ -328,267 +640,6 @@ class PPOTrainer:
         self.kl_controller.load_state_dict(progress.kl_controller)
         self.stream.load_state_dict(progress.stream)
         restore_rng(progress.rng)
-
-    def _start_step(self, step: int) -> _StepInProgress:
-        progress = self._in_progress
-        if progress is not None and progress.step == step:
-            return progress  # run again after a rewind
-        self._in_progress = _StepInProgress(
-            step=step,
-            weights_version=self.state.weights_version,
-            kl_controller=self.kl_controller.state_dict(),
-            stream=self.stream.state_dict(),
-            rng=rng_state(),
-            took_early_generation=self.schedule.holds_generation_for(step),
-        )
-        return self._in_progress
-
-    async def _step_generation(
-        self, progress: _StepInProgress, timings: dict[str, float]
-    ) -> Generation:
-        if progress.generation is not None:
-            stream, rng = progress.after_generation
-            self.stream.load_state_dict(stream)
-            restore_rng(rng)
-            return progress.generation
-        generation = await _timed(
-            "generate", timings, self.schedule.generation(progress.step, self.state.weights_version)
-        )
-        progress.generation = generation
-        progress.after_generation = (self.stream.state_dict(), rng_state())
-        return generation
-
-    async def _run_step(self) -> dict[str, float]:
-        step = self.state.step
-        config = self.config
-        timings: dict[str, float] = {}
-        started = time.perf_counter()
-        self.rewards.figures.clear()
-        progress = self._start_step(step)
-
-        generation = await self._step_generation(progress, timings)
-        batch, gen_metrics, rows = generation.batch, generation.metrics, generation.rows
-        staleness = self.state.weights_version - int(batch.meta["weights_version"])
-
-        sequences = batch.select(tensor_keys=SEQUENCE_KEYS, non_tensor_keys=[])
-        needs = estimator_needs(config.algorithm.adv_estimator)
-        # One on-policy optimizer step: the update's own forward gives the old log-probs.
-        single_pass = config.single_pass_update and len(batch) == config.actor_mini_batch_samples
-        log_prob_request = rollout_pb2.ComputeLogProbRequest(
-            return_entropy=True,
-            expected_weights_version=self.state.weights_version,
-            return_sum_pi_squared="sum_pi_squared" in needs,
-        )
-
-        async def log_prob() -> Batch:
-            _, log_probs = await self.clients.rollout.call_with_batch(
-                "ComputeLogProb", log_prob_request, sequences
-            )
-            return log_probs
-
-        forwards: dict[str, Any] = {} if single_pass else {"log_prob": log_prob}
-        if "scores" not in batch.tensors:
-            forwards["reward"] = lambda: self.rewards.rewards(batch)
-        if "baseline_scores" in needs:
-            # dynamic sampling needs a group estimator, so `rows` is this step's prompts
-            assert rows is not None
-            forwards["greedy_baseline"] = lambda: self._greedy_baseline(rows, step)
-        if self.clients.reference is not None:
-            forwards["ref_log_prob"] = lambda: self.clients.reference.call_with_batch(
-                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), sequences
-            )
-        if self.clients.critic is not None:
-            forwards["values"] = lambda: self.clients.critic.call_with_batch(
-                "ComputeValues", critic_pb2.ComputeValuesRequest(), sequences
-            )
-        forward_started = time.perf_counter()
-        if progress.forwards is None:
-            calls = {name: _timed(name, timings, call()) for name, call in forwards.items()}
-            if "log_prob" in calls:
-                # the schedule hears once the old log-probs are in (one_step_off starts the
-                # next step's generation then), while the other forwards run on
-                calls["log_prob"] = _then(
-                    calls["log_prob"],
-                    lambda: self.schedule.old_log_probs_taken(step, self.state.weights_version),
-                )
-            answers = await asyncio.gather(*calls.values())
-            progress.forwards = dict(zip(calls, answers, strict=True))
-            progress.reward_figures = Counter(self.rewards.figures)
-        else:  # run again after a rewind: the same results, so the same update batches
-            self.rewards.figures = Counter(progress.reward_figures)
-            if "log_prob" in progress.forwards:
-                self.schedule.old_log_probs_taken(step, self.state.weights_version)
-        results = progress.forwards
-        timings["time/forward_wall_s"] = time.perf_counter() - forward_started
-
-        extra = {}
-        if "log_prob" in results:
-            log_probs = results["log_prob"]
-            extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
-            if "sum_pi_squared" in log_probs.tensors:
-                extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
-        if "reward" in results:
-            extra.update(results["reward"])
-        if "greedy_baseline" in results:
-            # each sample gets the greedy score of its prompt (uid = the prompt's index)
-            prompt_index = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
-            extra["baseline_scores"] = results["greedy_baseline"][prompt_index]
-        if "ref_log_prob" in results:
-            extra["ref_log_probs"] = results["ref_log_prob"][1]["ref_log_probs"]
-        if "values" in results:
-            extra["values"] = results["values"][1]["values"]
-        batch = Batch(
-            tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors, meta=batch.meta
-        )
-        correction_metrics: dict[str, float] = {}
-        if config.rollout_is_cap is not None:
-            batch, correction_metrics = self._rollout_is_weights(batch)
-
-        math_started = time.perf_counter()
-        with tracing.span("trainer.advantages", batch_size=len(batch)):
-            targets, adv_metrics = compute_advantages(
-                batch,
-                self.advantage_settings,
-                self.kl_controller.value,
-                self.rewards.component_weights(),
-            )
-        timings["time/advantages_s"] = time.perf_counter() - math_started
-        batch = Batch(
-            tensors={**batch.tensors, **targets}, non_tensors=batch.non_tensors, meta=batch.meta
-        )
-
-        actor_keys = [*SEQUENCE_KEYS, "advantages"] + ([] if single_pass else ["old_log_probs"])
-        if config.actor.use_kl_loss:
-            actor_keys.append("ref_log_probs")
-        actor_batch = batch.select(tensor_keys=actor_keys, non_tensor_keys=[])
-        filter_metrics = {}
-        if config.algorithm.filter_overlong:
-            actor_batch, filter_metrics = self._without_truncated_signal(actor_batch)
-        if config.rollout_is_cap is not None:
-            # each token's policy-gradient term weighted (see _rollout_is_weights)
-            weighted = actor_batch["advantages"] * batch["rollout_is_weights"]
-            actor_batch = Batch(
-                {**actor_batch.tensors, "advantages": weighted},
-                actor_batch.non_tensors,
-                actor_batch.meta,
-            )
-            filter_metrics.update(correction_metrics)
-        actor_request = rollout_pb2.UpdateActorRequest(
-            step=step, weights_version=self.state.weights_version
-        )
-
-        async def update_actor() -> rollout_pb2.UpdateActorResponse:
-            # one_step_off: the next step's generation expects the weights this update replaces
-            timings[
-                "time/update_actor_waits_generation_s"
-            ] = await self.schedule.before_actor_update()
-            update = self.clients.rollout.call_with_batch("UpdateActor", actor_request, actor_batch)
-            return await _timed("update_actor", timings, update)
-
-        updates: dict[str, Awaitable[Any]] = {"update_actor": update_actor()}
-        if self.clients.critic is not None:
-            critic_keys = [*SEQUENCE_KEYS, "values", "returns"]
-            critic_batch = batch.select(tensor_keys=critic_keys, non_tensor_keys=[])
-            update = self.clients.critic.call_with_batch(
-                "UpdateCritic", critic_pb2.UpdateCriticRequest(step=step), critic_batch
-            )
-            updates["update_critic"] = _timed("update_critic", timings, update)
-        update_started = time.perf_counter()
-        update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
-        timings["time/update_wall_s"] = time.perf_counter() - update_started
-        actor_update, update_scores = update_results["update_actor"]
-        replayed_updates = self._check_updates(step, update_results)
-        self.state.weights_version = actor_update.weights_version
-
-        mask = batch["response_mask"].float()
-        if single_pass:
-            if update_scores is None:
-                raise RuntimeError(
-                    "UpdateActor answered no log-probs for a batch without old_log_probs; "
-                    "the rollout service predates single-pass updates: redeploy it"
-                )
-            batch = Batch(
-                {**batch.tensors, "entropy": update_scores["entropy"]},
-                batch.non_tensors,
-                batch.meta,
-            )
-            if "ref_log_probs" in batch.tensors:
-                adv_metrics.update(
-                    reference_drift(
-                        update_scores["log_probs"],
-                        batch["ref_log_probs"],
-                        mask,
-                        self.advantage_settings,
-                    )
-                )
-        # The mean over sequences of each one's mean token KL (VeRL's choice): every
-        # response counts once, however long.
-        kl_mean = float(adv_metrics["kl_mean"])
-        self.kl_controller.update(kl_mean, n_steps=len(batch))
-        step_s = time.perf_counter() - started
-        response_tokens = float(mask.sum())
-        scores_tensor = batch["scores"]
-        metrics = {
-            "reward_mean": float(scores_tensor.mean()),
-            "reward_std": float(scores_tensor.std()) if len(scores_tensor) > 1 else 0.0,
-            "kl_mean": kl_mean,
-            "kl_token_mean": float(adv_metrics["kl_token_mean"]),
-            "kl_coef": float(adv_metrics["kl_coef"]),
-            "entropy_mean": float(masked_mean(batch["entropy"], mask)),
-            "response_length_mean": response_tokens / len(batch),
-            "advantages_mean": float(adv_metrics["advantages_mean"]),
-            "returns_mean": float(adv_metrics["returns_mean"]),
-            "weights_version": float(self.state.weights_version),
-            "staleness": float(staleness),
-            "replayed_updates": replayed_updates,
-            "samples": float(len(batch)),
-            "tokens_per_s": (response_tokens + float(batch["attention_mask"].sum())) / step_s,
-            "episodes_per_s": len(batch) / step_s,
-            "time/step_s": step_s,
-            **timings,
-            **{f"actor/{k}": v for k, v in actor_update.metrics.items()},
-            **{f"generate/{k}": v for k, v in gen_metrics.items()},
-            **filter_metrics,
-        }
-        metrics.update({f"reward/{name}": value for name, value in self.rewards.figures.items()})
-        warn_reward_failures(step, self.rewards.figures)
-        if config.algorithm.overlong_buffer_tokens:
-            metrics["overlong/penalty_mean"] = float(self.rewards.overlong_penalty(batch).mean())
-        if "baseline_scores" in batch.tensors:
-            metrics["remax/baseline_mean"] = float(batch["baseline_scores"].mean())
-        if "update_critic" in update_results:
-            metrics.update(
-                {f"critic/{k}": v for k, v in update_results["update_critic"][0].metrics.items()}
-            )
-        self.state.step = step + 1
-        self.state.last_metrics = metrics
-        self._in_progress = None
-        return metrics
-
-    def _check_updates(self, step: int, update_results: dict[str, Any]) -> float:
-        """How many of the step's updates were answered as replays (retries of a call
-        whose first answer was lost). A service answers a replay only for the batch it
-        applied, so a replay is sound when it reports the weights this step makes; one
-        that reports others means something else updated the service since.
-
-        Raises:
-            RuntimeError: an update answered weights other than the ones this step makes.
-        """
-        replayed = 0
-        expected = {"update_actor": self.state.weights_version + 1}
-        for name, (response, _) in update_results.items():
-            if not response.replayed:
-                continue
-            replayed += 1
-            logger.info("step %d: %s answered a replay of the batch it applied", step, name)
-            wanted = expected.get(name)
-            if wanted is not None and response.weights_version != wanted:
-                raise RuntimeError(
-                    f"step {step}: {name} answered a replay at weights version "
-                    f"{response.weights_version}, but this step makes version {wanted}: "
-                    "another trainer is updating the service; stop it, then resume this run"
-                )
-        return float(replayed)
 
     # --- evaluation and checkpoints ---------------------------------------------------
 
