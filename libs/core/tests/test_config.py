@@ -268,7 +268,7 @@ def test_unknown_algorithm_names_list_the_valid_choices():
         "algorithm.singleton_groups",
     }
     text = str(err)
-    assert "'vanilla', 'gspo', 'cispo', 'gmpo', 'clip_cov', 'kl_cov', 'reinforce', 'sapo'" in text
+    assert "'vanilla', 'gspo', 'cispo', 'gmpo', 'reinforce', 'sapo', 'clip_cov', 'kl_cov'" in text
     assert "'dppo_tv' or 'dppo_kl'" in text
     assert "'k1+', 'k3+' or 'low_var_kl+'" in text
     # the critic implements only the first three aggregation modes

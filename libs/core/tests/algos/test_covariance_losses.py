@@ -28,14 +28,14 @@ def test_clip_cov_by_hand(close):
     logprob, adv, mask = cov_batch()
     old = logprob.detach().clone()  # ρ = 1: the ε clip is inactive
     # eligible: Cov in (1, 5) -> tokens 0 and 3; fraction 0.5 of 4 tokens -> both picked
-    loss, metrics = clip_cov_loss(old, logprob, adv, mask, cov_fraction=0.5, cov_low=1.0)
+    loss, metrics = clip_cov_loss(old, logprob, adv, mask, clip_cov_fraction=0.5, clip_cov_low=1.0)
     # -A·ρ = (-1, -1, 1, 1) with tokens 0 and 3 zeroed -> token mean 0
     close(loss, 0.0)
     close(metrics["pg_cov_frac"], 0.5)
     loss.backward()
     close(logprob.grad, [[0.0, -0.25, 0.25, 0.0, 0.0]])
     # fraction 0.25 -> one token, at random among the eligible 0 and 3
-    loss, metrics = clip_cov_loss(old, logprob, adv, mask, cov_fraction=0.25)
+    loss, metrics = clip_cov_loss(old, logprob, adv, mask, clip_cov_fraction=0.25)
     close(metrics["pg_cov_frac"], 0.25)
     assert float(loss.detach()) in (
         0.25,
@@ -46,7 +46,7 @@ def test_clip_cov_by_hand(close):
 def test_kl_cov_by_hand(close):
     logprob, adv, mask = cov_batch()
     old = logprob.detach() - torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]])
-    loss, metrics = kl_cov_loss(old, logprob, adv, mask, cov_fraction=0.25, kl_cov_coef=2.0)
+    loss, metrics = kl_cov_loss(old, logprob, adv, mask, kl_cov_fraction=0.25, kl_cov_coef=2.0)
     # top-1 Cov is token 3 (1.375): it pays 2·|0.4|; all pay -A·e^{log ρ}
     values = [-math.exp(0.1), -math.exp(0.2), math.exp(0.3), math.exp(0.4) + 0.8]
     close(loss, sum(values) / 4)
@@ -100,9 +100,9 @@ def test_clip_cov_matches_loop(close, all_masks, policy_batch):
             new,
             adv,
             mask,
-            cov_fraction=fraction,
-            cov_low=cov_low,
-            cov_high=cov_high,
+            clip_cov_fraction=fraction,
+            clip_cov_low=cov_low,
+            clip_cov_high=cov_high,
             generator=torch.Generator().manual_seed(seed),
         )
         expected = aggregate_loss(torch.tensor(losses, dtype=torch.float64), mask, "token-mean")
@@ -140,7 +140,7 @@ def test_kl_cov_matches_loop(all_masks, policy_batch, ref_loss_and_grad):
         for mode in ("token-mean", "seq-mean-token-mean"):
             new.grad = None
             loss, _ = kl_cov_loss(
-                old, new, adv, mask, cov_fraction=fraction, kl_cov_coef=coef, loss_agg_mode=mode
+                old, new, adv, mask, kl_cov_fraction=fraction, kl_cov_coef=coef, loss_agg_mode=mode
             )
             loss.backward()
             value, grad = ref_loss_and_grad(losses, grads, m, mode)

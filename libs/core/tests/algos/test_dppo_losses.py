@@ -20,7 +20,7 @@ def test_dppo_tv_by_hand(close):
     adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
     mask = torch.ones(1, 4)
     loss, metrics = dppo_tv_loss(
-        old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, max_ratio=4.0
+        old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2, dppo_max_ratio=4.0
     )
     # changes +0.1 (inside), +0.3 (outside, A > 0), -0.3 (outside, A < 0), +0.35 (outside)
     # only token 0 trains: weight ρ = 1.2 -> loss -1.2 / 4
@@ -30,7 +30,7 @@ def test_dppo_tv_by_hand(close):
     close(new.grad, [[-0.3, 0.0, 0.0, 0.0]])
     # a wider region lets token 3 in; its ratio 4.5 is capped at 4
     loss, metrics = dppo_tv_loss(
-        old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.4, max_ratio=4.0
+        old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.4, dppo_max_ratio=4.0
     )
     close(loss, (-1.2 - 1.6 - 4.0) / 4)
     close(metrics["pg_clipfrac_lower"], 0.25)
@@ -53,7 +53,7 @@ def test_dppo_tv_matches_loop(check_policy_loss):
             grads.append(-a * w)
         return losses, grads
 
-    kwargs = {"clip_ratio_low": low, "clip_ratio_high": high, "max_ratio": cap}
+    kwargs = {"clip_ratio_low": low, "clip_ratio_high": high, "dppo_max_ratio": cap}
     check_policy_loss(dppo_tv_loss, kwargs, ref, "dppo_tv", probabilities=True)
 
 
@@ -94,5 +94,5 @@ def test_dppo_kl_matches_loop(check_policy_loss):
             grads.append(-a * w)
         return losses, grads
 
-    kwargs = {"clip_ratio_low": low, "clip_ratio_high": high, "max_ratio": cap}
+    kwargs = {"clip_ratio_low": low, "clip_ratio_high": high, "dppo_max_ratio": cap}
     check_policy_loss(dppo_kl_loss, kwargs, ref, "dppo_kl", probabilities=True)

@@ -44,7 +44,7 @@ def test_every_entry_has_a_note_and_each_loss_with_a_clip_its_default_range(
     wide = {"clip_ratio_low": 0.9, "clip_ratio_high": 9.0}
     for name, entry in POLICY_LOSSES.items():
         losses = [
-            entry.loss(old, new, adv, mask, **clip, generator=torch.Generator().manual_seed(1))[0]
+            entry.loss(old, new, adv, mask, clip, generator=torch.Generator().manual_seed(1))[0]
             for clip in (narrow, wide)
         ]
         reads_clip = not torch.equal(*losses)

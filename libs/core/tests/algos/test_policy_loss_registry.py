@@ -66,26 +66,28 @@ def test_policy_loss_registry_passes_each_loss_its_knobs(make_mask, policy_batch
         "gspo": gspo_loss(*args, **clip),
         "cispo": cispo_loss(*args, **clip),
         "gmpo": gmpo_loss(*args, **clip),
+        "reinforce": reinforce_loss(*args, loss_agg_mode="seq-mean-token-mean"),
+        "sapo": sapo_loss(
+            *args, sapo_tau_pos=1.5, sapo_tau_neg=2.5, loss_agg_mode="seq-mean-token-mean"
+        ),
         "clip_cov": clip_cov_loss(
             *args,
             **clip,
-            cov_fraction=0.3,
-            cov_low=-1.0,
-            cov_high=3.0,
+            clip_cov_fraction=0.3,
+            clip_cov_low=-1.0,
+            clip_cov_high=3.0,
             generator=torch.Generator().manual_seed(9),
         ),
         "kl_cov": kl_cov_loss(
-            *args, cov_fraction=0.2, kl_cov_coef=0.5, loss_agg_mode="seq-mean-token-mean"
+            *args, kl_cov_fraction=0.2, kl_cov_coef=0.5, loss_agg_mode="seq-mean-token-mean"
         ),
-        "reinforce": reinforce_loss(*args, loss_agg_mode="seq-mean-token-mean"),
-        "sapo": sapo_loss(*args, tau_pos=1.5, tau_neg=2.5, loss_agg_mode="seq-mean-token-mean"),
-        "dppo_tv": dppo_tv_loss(*args, **clip, max_ratio=1.7),
-        "dppo_kl": dppo_kl_loss(*args, **clip, max_ratio=1.7),
+        "dppo_tv": dppo_tv_loss(*args, **clip, dppo_max_ratio=1.7),
+        "dppo_kl": dppo_kl_loss(*args, **clip, dppo_max_ratio=1.7),
     }
     assert list(expected) == list(POLICY_LOSSES)
     for name, (exp_loss, exp_metrics) in expected.items():
         loss, metrics = get_policy_loss(name)(
-            *args, **knobs, generator=torch.Generator().manual_seed(9)
+            *args, knobs, generator=torch.Generator().manual_seed(9)
         )
         torch.testing.assert_close(loss, exp_loss, msg=name)
         assert metrics.keys() == exp_metrics.keys(), name
@@ -104,12 +106,12 @@ def test_new_policy_loss_errors():
     for name in POLICY_LOSSES:
         with pytest.raises(ValueError, match="advantages has shape"):
             get_policy_loss(name)(x, x, torch.zeros(2, 4), ones)
-    with pytest.raises(ValueError, match="cov_low must be < cov_high"):
-        clip_cov_loss(x, x, x, ones, cov_low=5.0, cov_high=1.0)
+    with pytest.raises(ValueError, match="clip_cov_low must be < clip_cov_high"):
+        clip_cov_loss(x, x, x, ones, clip_cov_low=5.0, clip_cov_high=1.0)
     with pytest.raises(ValueError, match="kl_cov_coef must be >= 0"):
         kl_cov_loss(x, x, x, ones, kl_cov_coef=-1.0)
     with pytest.raises(ValueError, match=r"cov_fraction must be in \[0, 1\]"):
-        kl_cov_loss(x, x, x, ones, cov_fraction=2.0)
+        kl_cov_loss(x, x, x, ones, kl_cov_fraction=2.0)
 
 
 def test_registry_uses_each_loss_default_clip_range(make_mask, policy_batch):
@@ -122,7 +124,7 @@ def test_registry_uses_each_loss_default_clip_range(make_mask, policy_batch):
         low, high = entry.default_clip_ratios
         by_default, _ = get_policy_loss(name)(old, new, adv, mask)
         explicit, _ = get_policy_loss(name)(
-            old, new, adv, mask, clip_ratio_low=low, clip_ratio_high=high
+            old, new, adv, mask, {"clip_ratio_low": low, "clip_ratio_high": high}
         )
         torch.testing.assert_close(by_default, explicit, msg=name)
     assert resolve_clip_ratios("gspo", None, 0.01) == (3e-4, 0.01)

@@ -299,7 +299,7 @@ def test_sapo_by_hand(close):
     new = torch.tensor([[0.0, LN2, float("nan")]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0, float("nan")]])
     mask = torch.tensor([[1, 1, 0]])
-    loss, metrics = sapo_loss(old, new, adv, mask, tau_pos=1.0, tau_neg=2.0)
+    loss, metrics = sapo_loss(old, new, adv, mask, sapo_tau_pos=1.0, sapo_tau_neg=2.0)
     # token 0: ρ = 1 -> gate (4/1)·σ(0) = 2, loss -2; token 1: ρ = 2, τ 2 -> 2·σ(2), loss +2σ(2)
     sig2 = 1 / (1 + math.exp(-2))
     close(loss, (-2 + 2 * sig2) / 2)
@@ -308,7 +308,7 @@ def test_sapo_by_hand(close):
     # d/d log π = -A·4σ(1-σ)·ρ, weight 1/2: token 0 -> -1·1·1/2; token 1 -> 4σ(2)(1-σ(2))·2/2
     close(new.grad, [[-0.5, 4 * sig2 * (1 - sig2), 0.0]])
     with pytest.raises(ValueError, match="tau"):
-        sapo_loss(old, new, adv, mask, tau_pos=0.0)
+        sapo_loss(old, new, adv, mask, sapo_tau_pos=0.0)
 
 
 def test_sapo_matches_loop(check_policy_loss):
@@ -328,4 +328,4 @@ def test_sapo_matches_loop(check_policy_loss):
             grads.append(-a * 4 * sig * (1 - sig) * rho)
         return losses, grads
 
-    check_policy_loss(sapo_loss, {"tau_pos": tau_pos, "tau_neg": tau_neg}, ref, "sapo")
+    check_policy_loss(sapo_loss, {"sapo_tau_pos": tau_pos, "sapo_tau_neg": tau_neg}, ref, "sapo")

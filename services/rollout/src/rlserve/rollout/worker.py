@@ -55,6 +55,7 @@ from rlserve.core.response_scoring import (
 )
 from rlserve.core.serving import Deadline, until_deadline
 from rlserve.core.training import OptimizerSettings, grad_norm
+from rlserve.core.worker_settings import ActorSettings
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import GenerationEngine, SamplingSettings
 
@@ -99,23 +100,14 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class PolicyLossSettings:
-    """The policy loss and its knobs (see rlserve.core.algos.policy_loss_registry)."""
+    """The actor's loss: the policy loss by name with its knobs, and the terms added."""
 
     policy_loss: str
     """Name in policy_loss_registry.POLICY_LOSSES ("vanilla" = PPO clip, "gspo", "cispo", ...)."""
-    clip_ratio_low: float | None
-    """None = the loss's own default (policy_loss_registry.resolve_clip_ratios)."""
-    clip_ratio_high: float | None
-    clip_ratio_dual: float | None
+    knobs: dict[str, Any]
+    """Every actor setting by name; the policy loss reads the ones its parameters name
+    (rlserve.core.algos.policy_loss_registry), so a new knob needs no line here."""
     loss_agg_mode: str
-    clip_cov_fraction: float
-    clip_cov_low: float
-    clip_cov_high: float
-    kl_cov_fraction: float
-    kl_cov_coef: float
-    sapo_tau_pos: float
-    sapo_tau_neg: float
-    dppo_max_ratio: float
     entropy_coef: float
     use_kl_loss: bool
     kl_loss_coef: float
@@ -139,7 +131,11 @@ def actor_worker_kwargs(config: RolloutServiceConfig) -> dict[str, Any]:
         "serve_reference": config.serve_reference,
         "vllm": config.vllm.model_dump(),
         "optimizer": fields_from(OptimizerSettings, config),
-        "loss": fields_from(PolicyLossSettings, config),
+        "loss": fields_from(
+            PolicyLossSettings,
+            config,
+            knobs={name: getattr(config, name) for name in ActorSettings.model_fields},
+        ),
     }
 
 
@@ -481,18 +477,7 @@ class ActorWorker(TrainingRankWorker):
             log_prob,
             micro["advantages"],
             mask,
-            clip_ratio_low=loss_settings.clip_ratio_low,
-            clip_ratio_high=loss_settings.clip_ratio_high,
-            clip_ratio_dual=loss_settings.clip_ratio_dual,
-            loss_agg_mode=loss_settings.loss_agg_mode,
-            clip_cov_fraction=loss_settings.clip_cov_fraction,
-            clip_cov_low=loss_settings.clip_cov_low,
-            clip_cov_high=loss_settings.clip_cov_high,
-            kl_cov_fraction=loss_settings.kl_cov_fraction,
-            kl_cov_coef=loss_settings.kl_cov_coef,
-            sapo_tau_pos=loss_settings.sapo_tau_pos,
-            sapo_tau_neg=loss_settings.sapo_tau_neg,
-            dppo_max_ratio=loss_settings.dppo_max_ratio,
+            loss_settings.knobs,
         )
         entropy = aggregate_loss(scores.entropy, mask, loss_settings.loss_agg_mode)
         if loss_settings.entropy_coef > 0:

@@ -61,3 +61,7 @@ Design choices:
   "seq-mean-token-sum-norm" averages over sequences where VeRL sums (see
   :func:`aggregation.aggregate_loss`).
 """
+
+# The policy losses register themselves where they are defined; importing their modules
+# here fills the registry before anything reads it.
+from rlserve.core.algos import covariance_losses, dppo_losses, policy_losses  # noqa: F401

@@ -16,6 +16,8 @@ from rlserve.core.algos.masked import (
     inside_mask,
     masked_mean,
 )
+from rlserve.core.algos.notes import AlgorithmNote
+from rlserve.core.algos.policy_loss_registry import PPO_CLIP_RATIOS, register_policy_loss
 from rlserve.core.algos.policy_losses import (
     check_clip_ratios,
     check_policy_inputs,
@@ -48,6 +50,15 @@ def _covariance_token_count(mask: Tensor, fraction: float) -> Tensor:
     return torch.clamp(torch.floor(fraction * mask.sum().to(torch.float64)), min=1)
 
 
+@register_policy_loss(
+    "clip_cov",
+    note=AlgorithmNote(
+        "PPO clip, and a random few tokens with advantage-logprob covariance in "
+        "(clip_cov_low, clip_cov_high) get no gradient",
+        'Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617',
+    ),
+    default_clip_ratios=PPO_CLIP_RATIOS,
+)
 def clip_cov_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -56,9 +67,9 @@ def clip_cov_loss(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    cov_fraction: float = 2e-4,
-    cov_low: float = 1.0,
-    cov_high: float = 5.0,
+    clip_cov_fraction: float = 2e-4,
+    clip_cov_low: float = 1.0,
+    clip_cov_high: float = 5.0,
     loss_agg_mode: str = "token-mean",
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -69,8 +80,8 @@ def clip_cov_loss(
     high advantage gets likelier. Clip-Cov takes the PPO clipped loss (:func:`policy_loss`
     without dual clip), computes each token's centred product
     ``Cov_t = (A_t - mean A)·(log π_t - mean log π)`` (means over the batch's response
-    tokens), and among the tokens the ε clip left alone whose ``cov_low < Cov_t <
-    cov_high`` picks ``max(1, ⌊cov_fraction · N⌋)`` at random (N response tokens). The
+    tokens), and among the tokens the ε clip left alone whose ``clip_cov_low < Cov_t <
+    clip_cov_high`` picks ``max(1, ⌊clip_cov_fraction · N⌋)`` at random (N response tokens). The
     picked tokens' loss is set to 0: no value, no gradient (the paper's "else 0").
     The paper runs it with a wide ε clip; ε here is ``clip_ratio_low/high``.
 
@@ -81,9 +92,9 @@ def clip_cov_loss(
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: ε_low of the PPO clip.
         clip_ratio_high: ε_high of the PPO clip.
-        cov_fraction: Fraction of the response tokens to exclude (the paper's r, 2e-4).
-        cov_low: Lower covariance bound ω_low (exclusive).
-        cov_high: Upper covariance bound ω_high (exclusive).
+        clip_cov_fraction: Fraction of the response tokens to exclude (the paper's r, 2e-4).
+        clip_cov_low: Lower covariance bound ω_low (exclusive).
+        clip_cov_high: Upper covariance bound ω_high (exclusive).
         loss_agg_mode: See :func:`aggregate_loss`.
         generator: Random source of the pick; None = torch's global one.
 
@@ -96,9 +107,11 @@ def clip_cov_loss(
     """
     check_policy_inputs(old_logprob, logprob, advantages, response_mask)
     check_clip_ratios(clip_ratio_low, clip_ratio_high)
-    check_unit_interval("cov_fraction", cov_fraction)
-    if not cov_low < cov_high:
-        raise ValueError(f"cov_low must be < cov_high, got {cov_low} and {cov_high}")
+    check_unit_interval("clip_cov_fraction", clip_cov_fraction)
+    if not clip_cov_low < clip_cov_high:
+        raise ValueError(
+            f"clip_cov_low must be < clip_cov_high, got {clip_cov_low} and {clip_cov_high}"
+        )
     mask = response_mask.bool()
     old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
     log_ratio = clamped_log_ratio(logprob, old_logprob)
@@ -109,10 +122,10 @@ def clip_cov_loss(
     clipped_tokens = mask & (clipped > unclipped)
     covariance = _token_covariance(advantages, logprob, mask)
     # tokens in the covariance band the ε clip has not already silenced
-    eligible = mask & ~clipped_tokens & (covariance > cov_low) & (covariance < cov_high)
+    eligible = mask & ~clipped_tokens & (covariance > clip_cov_low) & (covariance < clip_cov_high)
     # a uniform random subset: the k eligible tokens with the largest random keys
     keys = torch.rand(mask.shape, generator=generator, device=mask.device)
-    picked = _top_k_mask(eligible, keys, _covariance_token_count(mask, cov_fraction))
+    picked = _top_k_mask(eligible, keys, _covariance_token_count(mask, clip_cov_fraction))
     losses = torch.where(picked, torch.zeros_like(losses), losses)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     metrics = policy_metrics(
@@ -122,13 +135,21 @@ def clip_cov_loss(
     return loss, metrics
 
 
+@register_policy_loss(
+    "kl_cov",
+    note=AlgorithmNote(
+        "unclipped surrogate, plus kl_cov_coef·|log ratio| on the top kl_cov_fraction "
+        "tokens by advantage-logprob covariance",
+        'Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617',
+    ),
+)
 def kl_cov_loss(
     old_logprob: Tensor,
     logprob: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    cov_fraction: float = 2e-3,
+    kl_cov_fraction: float = 2e-3,
     kl_cov_coef: float = 1.0,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -136,7 +157,7 @@ def kl_cov_loss(
     Reasoning Language Models", arXiv:2505.22617).
 
     No ratio clip: every token has the plain surrogate ``-A_t·ρ_t``, and the
-    ``k = max(1, ⌊cov_fraction · N⌋)`` response tokens with the largest centred product
+    ``k = max(1, ⌊kl_cov_fraction · N⌋)`` response tokens with the largest centred product
     ``Cov_t = (A_t - mean A)·(log π_t - mean log π)`` also pay ``β·|log ρ_t|``, a KL
     penalty that holds exactly those tokens near the sampling policy::
 
@@ -147,7 +168,7 @@ def kl_cov_loss(
         logprob: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
-        cov_fraction: Fraction of the response tokens penalised (the paper's k: 2e-3 for
+        kl_cov_fraction: Fraction of the response tokens penalised (the paper's k: 2e-3 for
             7B models, 2e-4 for 32B).
         kl_cov_coef: β (>= 0), the paper's 1.
         loss_agg_mode: See :func:`aggregate_loss`.
@@ -160,14 +181,14 @@ def kl_cov_loss(
         ValueError: On bad shapes or settings, an unknown mode or an empty mask.
     """
     check_policy_inputs(old_logprob, logprob, advantages, response_mask)
-    check_unit_interval("cov_fraction", cov_fraction)
+    check_unit_interval("kl_cov_fraction", kl_cov_fraction)
     if kl_cov_coef < 0:
         raise ValueError(f"kl_cov_coef must be >= 0, got {kl_cov_coef}")
     mask = response_mask.bool()
     old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
     log_ratio = clamped_log_ratio(logprob, old_logprob)
     covariance = _token_covariance(advantages, logprob, mask)
-    picked = _top_k_mask(mask, covariance, _covariance_token_count(mask, cov_fraction))
+    picked = _top_k_mask(mask, covariance, _covariance_token_count(mask, kl_cov_fraction))
     # the plain surrogate, plus β·|log ρ| on the highest-covariance tokens
     penalty = kl_cov_coef * log_ratio.abs()
     losses = -advantages * torch.exp(log_ratio) + torch.where(

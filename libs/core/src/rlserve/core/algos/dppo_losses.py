@@ -9,6 +9,8 @@ from torch import Tensor
 
 from rlserve.core.algos.aggregation import aggregate_loss
 from rlserve.core.algos.masked import clamped_log_ratio, inside_mask, masked_mean
+from rlserve.core.algos.notes import AlgorithmNote
+from rlserve.core.algos.policy_loss_registry import register_policy_loss
 from rlserve.core.algos.policy_losses import check_policy_inputs, policy_metrics
 
 
@@ -35,15 +37,25 @@ def _divergence_masked_loss(
     return loss, policy_metrics(loss, log_ratio, mask, outside, capped)
 
 
-def _check_dppo(clip_ratio_low: float, clip_ratio_high: float, max_ratio: float) -> None:
+def _check_dppo(clip_ratio_low: float, clip_ratio_high: float, dppo_max_ratio: float) -> None:
     if clip_ratio_low < 0 or clip_ratio_high < 0:
         raise ValueError(
             f"DPPO divergence thresholds must be >= 0, got {clip_ratio_low} and {clip_ratio_high}"
         )
-    if not max_ratio > 0:
-        raise ValueError(f"max_ratio must be > 0, got {max_ratio}")
+    if not dppo_max_ratio > 0:
+        raise ValueError(f"dppo_max_ratio must be > 0, got {dppo_max_ratio}")
 
 
+@register_policy_loss(
+    "dppo_tv",
+    note=AlgorithmNote(
+        "policy gradient only where the token's probability moved less than "
+        "clip_ratio_low/high (total variation, default 0.15), ratio capped at "
+        "actor.dppo_max_ratio",
+        'Qi et al. 2026, "Rethinking the Trust Region in LLM RL", arXiv:2602.04879',
+    ),
+    default_clip_ratios=(0.15, 0.15),
+)
 def dppo_tv_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -52,7 +64,7 @@ def dppo_tv_loss(
     *,
     clip_ratio_low: float = 0.15,
     clip_ratio_high: float = 0.15,
-    max_ratio: float = 20.0,
+    dppo_max_ratio: float = 20.0,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-TV: a trust region on the sampled token's probability, not its ratio
@@ -78,7 +90,7 @@ def dppo_tv_loss(
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: δ_low, the most a negative-advantage token's probability may fall.
         clip_ratio_high: δ_high, the most a positive-advantage token's probability may rise.
-        max_ratio: C > 0, the cap on the importance weight.
+        dppo_max_ratio: C > 0, the cap on the importance weight.
         loss_agg_mode: See :func:`aggregate_loss`.
 
     Returns:
@@ -91,17 +103,25 @@ def dppo_tv_loss(
             empty mask.
     """
     check_policy_inputs(old_logprob, logprob, advantages, response_mask)
-    _check_dppo(clip_ratio_low, clip_ratio_high, max_ratio)
+    _check_dppo(clip_ratio_low, clip_ratio_high, dppo_max_ratio)
     mask = response_mask.bool()
     old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
     log_ratio = clamped_log_ratio(logprob, old_logprob)
     change = (torch.exp(logprob) - torch.exp(old_logprob)).detach()
     inside = torch.where(advantages > 0, change <= clip_ratio_high, change >= -clip_ratio_low)
     return _divergence_masked_loss(
-        logprob, log_ratio, advantages, mask, inside, max_ratio, loss_agg_mode
+        logprob, log_ratio, advantages, mask, inside, dppo_max_ratio, loss_agg_mode
     )
 
 
+@register_policy_loss(
+    "dppo_kl",
+    note=AlgorithmNote(
+        "dppo_tv with the binary KL of the token's probability as the trust region (default 0.05)",
+        'Qi et al. 2026, "Rethinking the Trust Region in LLM RL", arXiv:2602.04879',
+    ),
+    default_clip_ratios=(0.05, 0.05),
+)
 def dppo_kl_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -110,7 +130,7 @@ def dppo_kl_loss(
     *,
     clip_ratio_low: float = 0.05,
     clip_ratio_high: float = 0.05,
-    max_ratio: float = 20.0,
+    dppo_max_ratio: float = 20.0,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-KL (Qi et al., 2026, arXiv:2602.04879): :func:`dppo_tv_loss` with the
@@ -133,7 +153,7 @@ def dppo_kl_loss(
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: δ_low, the divergence allowed to a negative-advantage token.
         clip_ratio_high: δ_high, the divergence allowed to a positive-advantage token.
-        max_ratio: C > 0, the cap on the importance weight.
+        dppo_max_ratio: C > 0, the cap on the importance weight.
         loss_agg_mode: See :func:`aggregate_loss`.
 
     Returns:
@@ -144,7 +164,7 @@ def dppo_kl_loss(
             empty mask.
     """
     check_policy_inputs(old_logprob, logprob, advantages, response_mask)
-    _check_dppo(clip_ratio_low, clip_ratio_high, max_ratio)
+    _check_dppo(clip_ratio_low, clip_ratio_high, dppo_max_ratio)
     mask = response_mask.bool()
     old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
     log_ratio = clamped_log_ratio(logprob, old_logprob)
@@ -160,5 +180,5 @@ def dppo_kl_loss(
         (divergence <= clip_ratio_low) | (p >= p_old),
     )
     return _divergence_masked_loss(
-        logprob, log_ratio, advantages, mask, inside, max_ratio, loss_agg_mode
+        logprob, log_ratio, advantages, mask, inside, dppo_max_ratio, loss_agg_mode
     )

@@ -22,6 +22,8 @@ from rlserve.core.algos.masked import (
     inside_mask,
     masked_mean,
 )
+from rlserve.core.algos.notes import AlgorithmNote
+from rlserve.core.algos.policy_loss_registry import PPO_CLIP_RATIOS, register_policy_loss
 
 
 def check_policy_inputs(
@@ -64,6 +66,15 @@ def policy_metrics(
     }
 
 
+@register_policy_loss(
+    "vanilla",
+    note=AlgorithmNote(
+        "PPO clipped surrogate on token ratios, optional dual clip (actor.clip_ratio_dual)",
+        'Schulman et al. 2017, "Proximal Policy Optimization", arXiv:1707.06347; dual clip: '
+        "Ye et al. 2020, arXiv:1912.09729",
+    ),
+    default_clip_ratios=PPO_CLIP_RATIOS,
+)
 def policy_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -137,6 +148,15 @@ def policy_loss(
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac, clipfrac_lower)
 
 
+@register_policy_loss(
+    "gspo",
+    note=AlgorithmNote(
+        "one ratio per sequence (geometric mean of token ratios), clipped per sequence; "
+        "use tiny clip ratios (3e-4/4e-4) and seq-mean-token-mean",
+        'Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071',
+    ),
+    default_clip_ratios=(3e-4, 4e-4),
+)
 def gspo_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -199,6 +219,15 @@ def gspo_loss(
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac)
 
 
+@register_policy_loss(
+    "cispo",
+    note=AlgorithmNote(
+        "REINFORCE term weighted by the clipped, stop-gradient ratio: clipped tokens "
+        "keep their gradient",
+        'MiniMax 2025, "MiniMax-M1", arXiv:2506.13585',
+    ),
+    default_clip_ratios=PPO_CLIP_RATIOS,
+)
 def cispo_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -255,6 +284,15 @@ def cispo_loss(
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac)
 
 
+@register_policy_loss(
+    "gmpo",
+    note=AlgorithmNote(
+        "geometric mean of log-space-clipped token ratios per sequence; paper's clip "
+        "range (e^-0.4, e^0.4) is clip_ratio_low 0.33, clip_ratio_high 0.49",
+        'Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673',
+    ),
+    default_clip_ratios=(1 - math.exp(-0.4), math.exp(0.4) - 1),
+)
 def gmpo_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -317,6 +355,13 @@ def gmpo_loss(
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac)
 
 
+@register_policy_loss(
+    "reinforce",
+    note=AlgorithmNote(
+        "-A·ratio, no clip: REINFORCE's gradient on-policy, importance-weighted after",
+        'Williams 1992, "Simple Statistical Gradient-Following Algorithms"',
+    ),
+)
 def reinforce_loss(
     old_logprob: Tensor,
     logprob: Tensor,
@@ -356,14 +401,22 @@ def reinforce_loss(
     return loss, policy_metrics(loss, log_ratio, mask)
 
 
+@register_policy_loss(
+    "sapo",
+    note=AlgorithmNote(
+        "soft gate (4/τ)·σ(τ(ratio-1)) instead of a clip, τ = actor.sapo_tau_pos/neg by "
+        "the advantage's sign; use seq-mean-token-mean",
+        'Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347',
+    ),
+)
 def sapo_loss(
     old_logprob: Tensor,
     logprob: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
     loss_agg_mode: str = "seq-mean-token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO: a soft, temperature-controlled gate in place of the hard clip (Gao et al.,
@@ -384,8 +437,8 @@ def sapo_loss(
         logprob: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
-        tau_pos: Gate temperature for positive advantages (> 0).
-        tau_neg: Gate temperature for zero or negative advantages (> 0).
+        sapo_tau_pos: Gate temperature for positive advantages (> 0).
+        sapo_tau_neg: Gate temperature for zero or negative advantages (> 0).
         loss_agg_mode: See :func:`aggregate_loss`.
 
     Returns:
@@ -396,16 +449,18 @@ def sapo_loss(
         ValueError: On bad shapes, a temperature <= 0, an unknown mode or an empty mask.
     """
     check_policy_inputs(old_logprob, logprob, advantages, response_mask)
-    if not (tau_pos > 0 and tau_neg > 0):
-        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos} and {tau_neg}")
+    if not (sapo_tau_pos > 0 and sapo_tau_neg > 0):
+        raise ValueError(
+            f"sapo_tau_pos and sapo_tau_neg must be > 0, got {sapo_tau_pos} and {sapo_tau_neg}"
+        )
     mask = response_mask.bool()
     old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
     log_ratio = clamped_log_ratio(logprob, old_logprob)
     ratio = torch.exp(log_ratio)
     tau = torch.where(
         advantages > 0,
-        torch.full_like(ratio, tau_pos),
-        torch.full_like(ratio, tau_neg),
+        torch.full_like(ratio, sapo_tau_pos),
+        torch.full_like(ratio, sapo_tau_neg),
     )
     # the soft gate: value 1 and slope 1 at ρ = 1, flat far from it
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
