@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlserve.core.batch import Batch
+from rlserve.core.service.methods import INFO
 from rlserve.core.tensor_checks import require_sequences
 
 
@@ -37,7 +38,7 @@ class WorkerController:
     async def worker_infos(self) -> list[dict[str, Any]]:
         """rank, node_id, hostname, pid, vocab_size of every worker (asked once)."""
         if self._worker_infos is None:
-            self._worker_infos = await self.group.run_all("info")
+            self._worker_infos = await self.group.run_all(INFO)
         return self._worker_infos
 
     async def vocab_size(self) -> int:

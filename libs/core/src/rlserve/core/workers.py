@@ -69,6 +69,7 @@ from rlserve.core.placement import (
     actor_resource_options,
     ensure_placement_group,
 )
+from rlserve.core.service.methods import INIT_DISTRIBUTED, NODE_ADDRESS
 from rlserve.core.service_config import WorkerDeployment
 from rlserve.core.serving import unavailable
 
@@ -313,7 +314,7 @@ class WorkerGroup:
     def _start(self, schedule_timeout_s: float, kind: str, num_cpus_per_worker: float) -> None:
         try:
             address, port = ray.get(
-                self.workers[0].call.remote("node_address"), timeout=schedule_timeout_s
+                self.workers[0].call.remote(NODE_ADDRESS), timeout=schedule_timeout_s
             )
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
@@ -324,7 +325,7 @@ class WorkerGroup:
                 "workers, or add nodes"
             ) from None
         _get_fail_fast(
-            [worker.call.remote("init_distributed", address, port) for worker in self.workers]
+            [worker.call.remote(INIT_DISTRIBUTED, address, port) for worker in self.workers]
         )
         self._tracing = tracing.current_setup()
         if self._tracing is not None:

@@ -54,6 +54,7 @@ from rlserve.core.checkpoint_paths import (
 from rlserve.core.config import fields_from
 from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.rank_worker import RankSetup
+from rlserve.core.service.methods import CHECK_CHECKPOINT, LOAD_CHECKPOINT, RESET, SAVE_CHECKPOINT
 from rlserve.core.serving import (
     Deadline,
     RpcError,
@@ -70,6 +71,7 @@ from rlserve.core.training import (
 )
 from rlserve.core.worker_controller import RequestBounds, WorkerController
 from rlserve.critic.config import CriticServiceConfig
+from rlserve.critic.methods import COMPUTE_VALUES, UPDATE_CRITIC
 from rlserve.critic.requests import (
     MiniBatchSlice,
     RankUpdate,
@@ -147,7 +149,7 @@ class CriticController(WorkerController):
         async def work() -> tuple[Batch, dict[str, float]]:
             self.access.check_usable()
             start = time.perf_counter()
-            values = await self.group.run_split("compute_values", clean, deadline=deadline.unix_s)
+            values = await self.group.run_split(COMPUTE_VALUES, clean, deadline=deadline.unix_s)
             metrics = {
                 "forward_s": time.perf_counter() - start,
                 "tokens": float(clean.tensors["response_mask"].sum()),
@@ -224,7 +226,7 @@ class CriticController(WorkerController):
 
     async def _train(self, step: int, batch: Batch) -> dict[str, float]:
         start = time.perf_counter()
-        per_rank = await self.group.run_each("update_critic", self._plan(step, batch))
+        per_rank = await self.group.run_each(UPDATE_CRITIC, self._plan(step, batch))
         mini_batches = len(per_rank[0])
         totals = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "grad_norm": 0.0, "lr": 0.0}
         for index in range(mini_batches):
@@ -262,7 +264,7 @@ class CriticController(WorkerController):
                 ],
             }
             try:
-                await self.group.run_all("save_checkpoint", str(directory), client_state)
+                await self.group.run_all(SAVE_CHECKPOINT, str(directory), client_state)
             except RpcError:  # a lost worker (UNAVAILABLE): not a write failure
                 raise
             except Exception as error:  # disk full, permissions: the weights are untouched
@@ -290,13 +292,13 @@ class CriticController(WorkerController):
         async def work() -> tuple[int, int]:
             try:
                 states = await self.group.run_all(
-                    "check_checkpoint", str(directory), list(CLIENT_STATE_KEYS)
+                    CHECK_CHECKPOINT, str(directory), list(CLIENT_STATE_KEYS)
                 )
                 weights_version, last_applied_step, applied = _parse_client_state(states[0])
             except (FileNotFoundError, UnsafeCheckpointError, ValueError) as error:
                 raise load_refused(directory, "critic checkpoint", error) from None
             try:
-                await self.group.run_all("load_checkpoint", str(directory))
+                await self.group.run_all(LOAD_CHECKPOINT, str(directory))
                 self.steps.restore(last_applied_step, applied)
             except BaseException as error:
                 self.access.mark_broken(f"LoadCheckpoint of {path!r}", error)
@@ -313,7 +315,7 @@ class CriticController(WorkerController):
 
         async def work() -> tuple[int, int]:
             try:
-                await self.group.run_all("reset")
+                await self.group.run_all(RESET)
             except BaseException as error:
                 self.access.mark_broken("Reset", error)
                 raise

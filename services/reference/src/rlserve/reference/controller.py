@@ -30,6 +30,7 @@ from rlserve.core.serving import Deadline, deadline_exceeded
 from rlserve.core.validation import scoring_temperature
 from rlserve.core.worker_controller import RequestBounds, WorkerController
 from rlserve.reference.config import ReferenceServiceConfig
+from rlserve.reference.methods import COMPUTE_REF_LOG_PROB
 
 NO_DEADLINE = Deadline()
 
@@ -68,7 +69,7 @@ class ReferenceController(WorkerController):
         try:
             result = await asyncio.wait_for(
                 self.group.run_split(
-                    "compute_ref_log_prob",
+                    COMPUTE_REF_LOG_PROB,
                     clean,
                     temperature=temperature,
                     deadline=deadline.unix_s,

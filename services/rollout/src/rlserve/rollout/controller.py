@@ -70,12 +70,25 @@ from rlserve.core.checkpoint_paths import (
 )
 from rlserve.core.config import fields_from
 from rlserve.core.exclusive import ExclusiveAccess
+from rlserve.core.service.methods import (
+    CHECK_CHECKPOINT,
+    INFO,
+    LOAD_CHECKPOINT,
+    RESET,
+    SAVE_CHECKPOINT,
+)
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger, batch_fingerprint
 from rlserve.core.training import UnsafeCheckpointError, minibatch_indices
 from rlserve.core.validation import TEMPERATURE_META_KEY, scoring_temperature
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
+from rlserve.rollout.methods import (
+    COMPUTE_LOG_PROB,
+    COMPUTE_REF_LOG_PROB,
+    GENERATE,
+    UPDATE_ACTOR,
+)
 from rlserve.rollout.request_checks import (
     check_prompts,
     check_sampling,
@@ -207,7 +220,7 @@ class RolloutController:
             deadline.check("GenerateSequences")
             start = time.perf_counter()  # once the lock is held: the workers' time only
             result = await self.workers.run_split(
-                "generate", work, sampling=sampling, deadline=deadline.unix_s
+                GENERATE, work, sampling=sampling, deadline=deadline.unix_s
             )
             return result, self.weights_version, time.perf_counter() - start
 
@@ -247,7 +260,7 @@ class RolloutController:
             deadline.check("ComputeLogProb")
             start = time.perf_counter()  # once the lock is held: the workers' time only
             result = await self.workers.run_split(
-                "compute_log_prob",
+                COMPUTE_LOG_PROB,
                 work,
                 temperature=temperature,
                 return_entropy=return_entropy,
@@ -290,7 +303,7 @@ class RolloutController:
         result = await self.access.run_unlocked(
             "ComputeRefLogProb",
             self.workers.run_split(
-                "compute_ref_log_prob", work, temperature=temperature, deadline=deadline.unix_s
+                COMPUTE_REF_LOG_PROB, work, temperature=temperature, deadline=deadline.unix_s
             ),
             deadline,
         )
@@ -346,7 +359,7 @@ class RolloutController:
         start = time.perf_counter()
         try:
             results = await self.workers.run_each(
-                "update_actor", per_rank, temperature=temperature, return_scores=single_pass
+                UPDATE_ACTOR, per_rank, temperature=temperature, return_scores=single_pass
             )
         except BaseException as error:
             self.access.mark_broken(f"UpdateActor step {step}", error)
@@ -379,7 +392,7 @@ class RolloutController:
         self.access.check_usable()
         state = self._client_state()
         try:
-            await self.workers.run_all("save_checkpoint", str(directory), state)
+            await self.workers.run_all(SAVE_CHECKPOINT, str(directory), state)
         except RpcError:  # a lost worker (UNAVAILABLE): not a write failure
             raise
         except Exception as error:  # disk full, permissions: the weights are untouched
@@ -405,12 +418,12 @@ class RolloutController:
     async def _load_checkpoint(self, directory: Path) -> tuple[int, int]:
         path = str(directory)
         try:
-            states = await self.workers.run_all("check_checkpoint", path, list(CLIENT_STATE_KEYS))
+            states = await self.workers.run_all(CHECK_CHECKPOINT, path, list(CLIENT_STATE_KEYS))
             restored = _parse_client_state(states[0])
         except (FileNotFoundError, UnsafeCheckpointError, ValueError) as error:
             raise load_refused(directory, "rollout checkpoint", error) from None
         try:
-            await self.workers.run_all("load_checkpoint", str(directory))
+            await self.workers.run_all(LOAD_CHECKPOINT, str(directory))
             self.steps.restore(restored.last_applied_step, restored.updates)
             self.weights_version = restored.weights_version
         except FileNotFoundError as error:  # nothing was loaded: the state is intact
@@ -430,7 +443,7 @@ class RolloutController:
 
         async def work() -> tuple[int, int]:
             try:
-                await self.workers.run_all("reset")
+                await self.workers.run_all(RESET)
             except BaseException as error:
                 self.access.mark_broken("Reset", error)
                 raise
@@ -445,7 +458,7 @@ class RolloutController:
         """model, engine, weights_version, last_applied_step and workers (by rank)."""
         if self._worker_info is None:
             # Cached: workers never move, and asking them would queue behind a long update.
-            self._worker_info = await self.workers.run_all("info")
+            self._worker_info = await self.workers.run_all(INFO)
         return {
             "model": self.settings.model_path,
             "engine": self.settings.engine,

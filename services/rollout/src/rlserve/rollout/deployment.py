@@ -34,6 +34,7 @@ from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.controller import RolloutController, controller_settings
 from rlserve.rollout.generation import SamplingSettings
+from rlserve.rollout.methods import MODEL_LIMITS
 from rlserve.v1 import common_pb2, reference_pb2, rollout_pb2
 
 ROLE = "rollout"
@@ -65,7 +66,7 @@ class RolloutDeployment(BatchCalls):
         workers = WorkerGroup.for_service(
             "rlserve.rollout.worker:ActorWorker.from_service_config", config, {"config": config}
         )
-        limits = workers.call_rank0("model_limits")
+        limits = workers.call_rank0(MODEL_LIMITS)
         self.controller = RolloutController(workers, controller_settings(config, **limits))
 
     async def check_health(self) -> None:
