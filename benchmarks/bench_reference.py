@@ -7,46 +7,21 @@ Prints the median of `--repeats` calls after one warm-up call, as log-prob token
 (response tokens scored per second, wall, client side) and sequence tokens/s (positions
 the model runs over).
 
-    .venv/bin/python services/reference/benchmarks/bench_reference.py [--workers 2]
+    .venv/bin/python -m benchmarks.bench_reference [--workers 2]
 """
 
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
-from rlserve.core.batch import Batch
+from benchmarks.tiny_sequences import build_model, make_batch, start_cluster, timed
 from rlserve.core.codec import batch_to_proto
 from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
 TIMEOUT_S = 600.0
-
-
-def build_model(directory: Path) -> int:
-    from rlserve.core.embedded.model import build_tiny_llama, save_model
-    from rlserve.core.embedded.tokenizer import save_char_tokenizer
-
-    tokenizer = save_char_tokenizer(directory)
-    save_model(build_tiny_llama(tokenizer), directory)
-    return len(tokenizer)
-
-
-def make_batch(rows: int, prompt_len: int, response_len: int, vocab_size: int) -> Batch:
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(4, vocab_size, (rows, prompt_len + response_len), generator=generator)
-    return Batch(
-        {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones_like(input_ids),
-            "responses": input_ids[:, prompt_len:].clone(),
-            "response_mask": torch.ones(rows, response_len, dtype=torch.long),
-        }
-    )
 
 
 def main() -> None:
@@ -63,13 +38,11 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
     from rlserve.reference.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
     vocab_size = build_model(work / "model")
-    start_local_ray(num_cpus=8, temp_dir=work / "ray")
-    grpc_port = start_serve_on_a_free_port()
+    grpc_port = start_cluster(work)
     config = {
         "model_path": str(work / "model"),
         "workers": args.workers,
@@ -82,19 +55,18 @@ def main() -> None:
     )
     stub = reference_pb2_grpc.ReferenceServiceStub(channel)
     batch = make_batch(args.rows, args.prompt_len, args.response_len, vocab_size)
-    request = reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(batch))
+    sequences = batch.select(["input_ids", "attention_mask", "responses", "response_mask"])
+    request = reference_pb2.ComputeRefLogProbRequest(batch=batch_to_proto(sequences))
 
-    def call() -> float:
-        start = time.perf_counter()
+    def call() -> None:
         stub.ComputeRefLogProb(
             request,
             metadata=call_metadata("reference", deadline_metadata(TIMEOUT_S)),
             timeout=TIMEOUT_S,
         )
-        return time.perf_counter() - start
 
     call()
-    seconds = statistics.median(call() for _ in range(args.repeats))
+    seconds = statistics.median(timed(call) for _ in range(args.repeats))
     tokens = args.rows * args.response_len
     sequence_tokens = args.rows * (args.prompt_len + args.response_len)
     print(

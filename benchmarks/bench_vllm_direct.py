@@ -7,7 +7,7 @@ engine wrapper, no Ray, no Serve. bench_rollout.py is meant to call it next to t
 service, so both numbers come from one run. Run alone, it prints, for a stated tiny
 config, vLLM direct, the vllm engine wrapper (generate -> Generated) and the 'hf' engine:
 
-    .venv/bin/python services/rollout/benchmarks/bench_vllm_direct.py [--prompts 64]
+    .venv/bin/python -m benchmarks.bench_vllm_direct [--prompts 64]
 
 tokens/s counts generated tokens (ignore_eos, so each response is max_new_tokens
 long) over the median wall time of `repeats` calls after one warm-up call; tokens per

@@ -1,6 +1,6 @@
 """Rewards per second of each reward kind, measured through the engine (no Ray, no gRPC).
 
-    .venv/bin/python services/reward/benchmarks/bench_reward.py [--serve]
+    .venv/bin/python -m benchmarks.bench_reward [--serve]
 
 - rule: `arithmetic_exact_match` and `gsm8k` over 4096 samples.
 - model: a tiny Llama reward model (hidden 128, 4 layers, the embedded default's size)
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from rlserve.core.batch import Batch
-from rlserve.core.cluster import free_port, start_serve_on_a_free_port
+from rlserve.core.cluster import free_port
 from rlserve.core.config import validate_config
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
@@ -171,14 +171,13 @@ def bench_serve(repeats: int) -> None:
     import ray
     from ray import serve
 
-    from rlserve.core.cluster import start_local_ray
+    from benchmarks.tiny_sequences import start_cluster
     from rlserve.core.codec import batch_to_proto
     from rlserve.core.rpc import call_metadata
     from rlserve.reward.app import build_app
     from rlserve.v1 import reward_pb2, reward_pb2_grpc
 
-    start_local_ray(num_cpus=4, temp_dir=Path(tempfile.mkdtemp(prefix="rlbench")))
-    grpc_port = start_serve_on_a_free_port()
+    grpc_port = start_cluster(Path(tempfile.mkdtemp(prefix="rlbench")), num_cpus=4)
     try:
         import grpc
 
