@@ -24,6 +24,7 @@ from rlserve.trainer.checkpoint import checkpoint_dir, latest_checkpoint, read_t
 from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow
 from rlserve.trainer.loop import PPOTrainer
+from rlserve.trainer.rewards import Rewards
 from rlserve.v1 import critic_pb2, reference_pb2, reward_pb2, rollout_pb2
 
 POLICY_LOG_PROB = -0.5
@@ -556,3 +557,28 @@ def test_a_rewound_step_sends_the_same_batches_and_asks_for_the_next_generation_
     assert asked[1].prompts == asked[2].prompts
     assert trainer.state.step == 1 and metrics["weights_version"] == 1.0
     assert trainer.schedule.holds_generation_for(1)
+
+
+@pytest.mark.parametrize(
+    ("kinds", "tensors"),
+    [({"rule": 1.0}, []), ({"model": 0.5, "rule": 1.0}, ["attention_mask", "input_ids"])],
+)
+def test_token_ids_go_only_to_a_reward_service_with_a_model(kinds, tensors):
+    """A rule or HTTP reward reads text alone (and may run where torch is not installed):
+    it gets no tensors, so no call of it takes the handle route."""
+    reward = FakeService(
+        ComputeReward=_reward,
+        GetInfo=lambda _: reward_pb2.RewardServiceGetInfoResponse(kind_weights=kinds),
+    )
+    rewards = Rewards(reward, validate_config(RunConfig, {}))
+    ids = torch.ones(2, 4, dtype=torch.long)
+    batch = Batch(
+        {"input_ids": ids, "attention_mask": ids, "response_mask": ids},
+        {"response_text": ["1", "2"], "ground_truth": ["1", "3"], "prompt_text": ["0+1", "1+1"]},
+    )
+    asyncio.run(rewards.score(batch))
+    asyncio.run(rewards.score(batch))
+    for request in reward.sent("ComputeReward"):
+        assert sorted(request.batch.tensors) == tensors
+        assert sorted(request.batch.non_tensors) == ["ground_truth", "prompt_text", "response_text"]
+    assert len(reward.sent("GetInfo")) == 1

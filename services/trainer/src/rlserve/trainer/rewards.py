@@ -29,13 +29,18 @@ class Rewards:
         self.max_new_tokens = config.rollout.max_new_tokens
         self.figures: Counter[str] = Counter()
         """The reward service's figures summed since the step began (`figures.clear()`)."""
+        self._info: reward_pb2.RewardServiceGetInfoResponse | None = None
         # GDPO's reward kinds and weights, from the reward service on first use
         self._kind_weights: dict[str, float] | None = None
 
     async def score(self, batch: Batch) -> Batch:
-        """The reward service's answer: "scores" (B,), and "scores_<kind>" per kind."""
+        """The reward service's answer: "scores" (B,), and "scores_<kind>" per kind.
+        Token ids go only to a service with a reward model: the others read text alone,
+        and a rule or HTTP replica on a node without torch could not take tensors by the
+        handle route."""
+        reads_tokens = "model" in (await self._service_info()).kind_weights
         reward_input = batch.select(
-            tensor_keys=["input_ids", "attention_mask"],
+            tensor_keys=["input_ids", "attention_mask"] if reads_tokens else [],
             non_tensor_keys=["response_text", "ground_truth", "prompt_text"],
             meta_keys=[],
         )
@@ -67,9 +72,15 @@ class Rewards:
     async def kinds(self) -> list[str]:
         """The reward service's kinds, in a fixed order (asked once)."""
         if self._kind_weights is None:
-            info = await self.client.call("GetInfo", reward_pb2.RewardServiceGetInfoRequest())
+            info = await self._service_info()
             self._kind_weights = dict(sorted(info.kind_weights.items()))
         return list(self._kind_weights)
+
+    async def _service_info(self) -> reward_pb2.RewardServiceGetInfoResponse:
+        """The reward service's GetInfo (asked once: its kinds are fixed while it runs)."""
+        if self._info is None:
+            self._info = await self.client.call("GetInfo", reward_pb2.RewardServiceGetInfoRequest())
+        return self._info
 
     def component_weights(self) -> torch.Tensor | None:
         """GDPO's weight per column of reward_components: each kind's weight in the
