@@ -40,8 +40,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from rlserve.core.batch import Batch
 from rlserve.core.checkpoint_paths import (
     checkpoint_path,
@@ -55,6 +53,7 @@ from rlserve.core.config import fields_from
 from rlserve.core.exclusive import ExclusiveAccess
 from rlserve.core.rank_worker import RankSetup
 from rlserve.core.service.methods import CHECK_CHECKPOINT, LOAD_CHECKPOINT, RESET, SAVE_CHECKPOINT
+from rlserve.core.service.plan import MiniBatchPlan, RankUpdate
 from rlserve.core.serving import (
     Deadline,
     RpcError,
@@ -67,18 +66,11 @@ from rlserve.core.training import (
     DS_CHECKPOINT_TAG,
     OptimizerSettings,
     UnsafeCheckpointError,
-    minibatch_indices,
 )
 from rlserve.core.worker_controller import RequestBounds, WorkerController
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.methods import COMPUTE_VALUES, UPDATE_CRITIC
-from rlserve.critic.requests import (
-    MiniBatchSlice,
-    RankUpdate,
-    ValueLossSettings,
-    loss_units,
-    update_batch,
-)
+from rlserve.critic.requests import ValueLossSettings, update_batch
 
 logger = logging.getLogger(__name__)
 # Results of this many most recent applied steps stay replayable (and go into checkpoints).
@@ -199,30 +191,14 @@ class CriticController(WorkerController):
 
     def _plan(self, step: int, batch: Batch) -> list[RankUpdate]:
         """Each rank's rows and mini-batch slices (see the module docstring)."""
-        world_size = len(self.group)
-        response_mask = batch.tensors["response_mask"]
-        slices: list[list[tuple[torch.Tensor, int]]] = [[] for _ in range(world_size)]
-        for _, rows in minibatch_indices(
-            len(batch), self.plan.ppo_mini_batch_samples, self.plan.ppo_epochs, seed=step
-        ):
-            units = loss_units(response_mask[rows], self.plan.loss_agg_mode)
-            for rank, part in enumerate(rows.chunk(world_size)):
-                slices[rank].append((part, units))
-        plans = []
-        for rank_slices in slices:
-            # Ship each rank only its rows; index them locally.
-            needed = torch.unique(torch.cat([part for part, _ in rank_slices]))
-            local = torch.full((len(batch),), -1, dtype=torch.int64)
-            local[needed] = torch.arange(len(needed))
-            plans.append(
-                RankUpdate(
-                    batch=batch.index(needed),
-                    mini_batches=[
-                        MiniBatchSlice(local[part], units) for part, units in rank_slices
-                    ],
-                )
-            )
-        return plans
+        plan = MiniBatchPlan.of(
+            batch.tensors["response_mask"],
+            self.plan.ppo_mini_batch_samples,
+            len(self.group),
+            self.plan.ppo_epochs,
+            seed=step,
+        )
+        return plan.rank_updates(batch, self.plan.loss_agg_mode)
 
     async def _train(self, step: int, batch: Batch) -> dict[str, float]:
         start = time.perf_counter()

@@ -1,5 +1,7 @@
 """Checks of ComputeValues / UpdateCritic batches, before any worker sees them, and
-what each rank is handed to train on (RankUpdate, ValueLossSettings).
+the value loss's knobs each rank gets (ValueLossSettings). What a rank trains on in an
+update (RankUpdate, MiniBatchSlice, loss_units) is rlserve.core.service.plan's, the one
+mini-batch plan of the actor and the critic, and is re-exported here.
 
 Every failure is an RpcError naming the field (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED
 for an oversized batch), so a bad request never reaches a model and the replica keeps
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from rlserve.core.batch import Batch
+from rlserve.core.service.plan import MiniBatchSlice as MiniBatchSlice
+from rlserve.core.service.plan import RankUpdate as RankUpdate
+from rlserve.core.service.plan import loss_units as loss_units
 from rlserve.core.serving import invalid_argument
 from rlserve.core.tensor_checks import require_finite, require_sequences, require_tensor
 
@@ -61,31 +66,3 @@ def update_batch(
     like = sequences.tensors["responses"]
     extra = {key: _response_floats(batch, key, like) for key in ("values", "returns")}
     return Batch(tensors={**sequences.tensors, **extra}, meta=sequences.meta)
-
-
-def loss_units(response_mask: torch.Tensor, loss_agg_mode: str) -> int:
-    """What the loss averages over: response tokens, or sequences with at least one."""
-    if loss_agg_mode == "token-mean":
-        return int(response_mask.sum())
-    return int(response_mask.bool().any(dim=1).sum())
-
-
-@dataclass(frozen=True)
-class MiniBatchSlice:
-    """This rank's rows of one global mini-batch."""
-
-    rows: torch.Tensor
-    """Row indices into the rank's batch, int64 [mini_batch_samples / world_size]."""
-    global_units: int
-    """Loss units (see loss_units) of the whole mini-batch, over all ranks."""
-
-
-@dataclass(frozen=True)
-class RankUpdate:
-    """What one rank trains on in one UpdateCritic."""
-
-    batch: Batch
-    """The rows this rank needs: input_ids, attention_mask, responses, response_mask,
-    values, returns."""
-    mini_batches: list[MiniBatchSlice]
-    """In optimizer-step order (epoch-major)."""

@@ -4,8 +4,9 @@ Used as a Ray actor by the controller's WorkerGroup (one per rank), and in-proce
 unit tests (`init_distributed("127.0.0.1", free_port())` with world size 1).
 
 Update semantics, chosen so that N workers compute the same update as one:
-- The controller plans the mini-batches globally (one permutation per epoch over the
-  request's rows) and gives each rank an equal slice of every mini-batch. A rank runs
+- The controller plans the mini-batches globally (rlserve.core.service.plan.MiniBatchPlan:
+  one permutation per epoch over the request's rows) and gives each rank an equal slice
+  of every mini-batch, with the mini-batch's global loss units. A rank runs
   its slice as `grad_accum_steps` micro-batches, one backward + `engine.step()` each;
   DeepSpeed steps the optimizer at the accumulation boundary.
 - Each micro-batch's loss is weighted so the summed gradient is the gradient of the
@@ -27,11 +28,12 @@ from rlserve.core.algos.value import value_loss
 from rlserve.core.batch import Batch
 from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import forward_micro_batches, trim_padding
+from rlserve.core.service.plan import RankUpdate, loss_units
 from rlserve.core.serving import until_deadline
 from rlserve.core.training import OptimizerSettings, grad_norm
 from rlserve.critic.config import MODEL_DIR
 from rlserve.critic.model import load_value_model, response_values, save_value_model
-from rlserve.critic.requests import RankUpdate, ValueLossSettings, loss_units
+from rlserve.critic.requests import ValueLossSettings
 
 
 class CriticWorker(TrainingRankWorker):

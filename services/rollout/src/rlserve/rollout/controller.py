@@ -17,9 +17,12 @@ It owns what is service-wide rather than per rank:
   and ComputeLogProb / UpdateActor use the T their batch's meta carries, else the
   configured default, so scoring matches how the samples were drawn.
 - **Data-parallel dispatch.** Generation and log-probs go through `run_split` (split with
-  padding, collect in order). An update is planned here, once: each epoch shuffles the
-  rows (seeded by config seed + step), cuts mini-batches, and gives every rank an equal
-  contiguous share of each, so the same request trains identically with 1 or N workers.
+  padding, collect in order). An update is planned here, once, by
+  rlserve.core.service.plan.MiniBatchPlan (the critic's plan too): each epoch shuffles
+  the rows (seeded by config seed + step), cuts mini-batches, and gives every rank an
+  equal contiguous share of each, so the same request trains identically with 1 or N
+  workers; with loss_normalizer "mini_batch" each row carries its mini-batch's global
+  loss units.
 - **Failure containment** (rlserve.core.exclusive, shared with the critic). Calls run
   one at a time, so a generation can never see half-updated weights. An update or
   checkpoint load that fails after it reached the workers may have left weights
@@ -77,9 +80,10 @@ from rlserve.core.service.methods import (
     RESET,
     SAVE_CHECKPOINT,
 )
+from rlserve.core.service.plan import MiniBatchPlan, count_columns, units_of
 from rlserve.core.serving import Deadline, RpcError, failed_precondition, invalid_argument
 from rlserve.core.steps import StepLedger, batch_fingerprint
-from rlserve.core.training import UnsafeCheckpointError, minibatch_indices
+from rlserve.core.training import UnsafeCheckpointError
 from rlserve.core.validation import TEMPERATURE_META_KEY, scoring_temperature
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
@@ -353,7 +357,9 @@ class RolloutController:
             settings.max_request_tokens,
         )
         plan = self._plan_update(batch, step)
-        per_rank = self._rank_shares(batch, plan)
+        per_rank = plan.ordered_shares(
+            self._update_work(batch), with_counts=settings.loss_normalizer == "mini_batch"
+        )
         temperature = scoring_temperature(batch, settings.temperature)
         single_pass = "old_log_probs" not in batch.tensors
         start = time.perf_counter()
@@ -366,7 +372,7 @@ class RolloutController:
             raise
         scores = None
         if single_pass:
-            scores = _in_request_order([part for _, part in results], plan, len(batch))
+            scores = plan.in_request_order([part for _, part in results], len(batch))
             results = [rank_metrics for rank_metrics, _ in results]
         metrics = _merge_rank_metrics(results)
         metrics["update_s"] = time.perf_counter() - start
@@ -485,9 +491,8 @@ class RolloutController:
                 f"{field}: {version} is unknown; the service's weights version is {current}"
             )
 
-    def _plan_update(self, batch: Batch, step: int) -> list[torch.Tensor]:
-        """Each rank's row indices in training order: its share of every mini-batch,
-        epoch by epoch."""
+    def _plan_update(self, batch: Batch, step: int) -> MiniBatchPlan:
+        """The update's mini-batches and each rank's share of them."""
         settings, workers = self.settings, len(self.workers)
         rows, mini = len(batch), settings.ppo_mini_batch_samples
         if rows % workers:
@@ -508,19 +513,16 @@ class RolloutController:
                 f"is the behaviour policy; this update has {settings.ppo_epochs} epoch(s) "
                 f"over {rows} rows: send ComputeLogProb's log_probs",
             )
-        return update_row_plan(rows, mini, workers, settings.ppo_epochs, settings.seed + step)
+        return MiniBatchPlan.of(
+            batch["response_mask"], mini, workers, settings.ppo_epochs, settings.seed + step
+        )
 
-    def _rank_shares(self, batch: Batch, plan: list[torch.Tensor]) -> list[Batch]:
-        """Each rank's rows of the update, in its planned order."""
-        settings = self.settings
+    def _update_work(self, batch: Batch) -> Batch:
+        """The tensors of the update the workers read."""
         keys = [*SEQUENCE_KEYS, "advantages"]
         keys += [key for key in ("old_log_probs",) if key in batch.tensors]
-        keys += ["ref_log_probs"] if settings.use_kl_loss else []
-        work = batch.select(tensor_keys=keys, non_tensor_keys=[], meta_keys=[])
-        shares = [work.index(rank_rows) for rank_rows in plan]
-        if settings.loss_normalizer == "mini_batch":
-            shares = with_mini_batch_counts(shares, settings.ppo_mini_batch_samples // len(plan))
-        return shares
+        keys += ["ref_log_probs"] if self.settings.use_kl_loss else []
+        return batch.select(tensor_keys=keys, non_tensor_keys=[], meta_keys=[])
 
     def _client_state(self) -> dict[str, Any]:
         return {
@@ -567,54 +569,25 @@ def _parse_client_state(state: dict[str, Any]) -> ClientState:
 def update_row_plan(
     rows: int, mini_batch_samples: int, workers: int, epochs: int, seed: int
 ) -> list[torch.Tensor]:
-    """Row indices per rank, in training order: its share of each mini-batch, by epoch.
-
-    Mini-batch j of epoch e is the same set of rows whatever `workers` is; rank r trains
-    on its slice r of it, so ranks together cover exactly that mini-batch.
-    """
-    share = mini_batch_samples // workers
-    order: list[list[torch.Tensor]] = [[] for _ in range(workers)]
-    for _, indices in minibatch_indices(rows, mini_batch_samples, epochs, seed):
-        for rank in range(workers):
-            order[rank].append(indices[rank * share : (rank + 1) * share])
-    return [torch.cat(parts) for parts in order]
+    """Row indices per rank, in training order (MiniBatchPlan.rank_rows of a plan whose
+    loss units do not matter)."""
+    mask = torch.ones(rows, 1, dtype=torch.bool)
+    plan = MiniBatchPlan.of(mask, mini_batch_samples, workers, epochs, seed)
+    return [plan.rank_rows(rank) for rank in range(workers)]
 
 
 def with_mini_batch_counts(shares: list[Batch], share_rows: int) -> list[Batch]:
-    """Each rank's rows plus, per row, the response tokens and the sequences with a
-    token of the whole mini-batch it trains in (every rank's share of it): the counts a
-    worker normalises its loss by so that the split over ranks and micro-batches does
-    not change the gradient. Rank r's k-th block of `share_rows` rows is its share of
-    mini-batch k."""
-    masks = [share["response_mask"].bool() for share in shares]
-    blocks = masks[0].shape[0] // share_rows
-    tokens = torch.zeros(blocks)
-    sequences = torch.zeros(blocks)
-    for mask in masks:
-        per_block = mask.view(blocks, share_rows, -1)
-        tokens += per_block.sum(dim=(1, 2))
-        sequences += per_block.any(dim=2).sum(dim=1)
-    counted = []
-    for share in shares:
-        extra = {
-            "mini_batch_tokens": tokens.repeat_interleave(share_rows),
-            "mini_batch_sequences": sequences.repeat_interleave(share_rows),
-        }
-        counted.append(Batch({**share.tensors, **extra}, share.non_tensors, share.meta))
-    return counted
-
-
-def _in_request_order(parts: list[Batch], plan: list[torch.Tensor], rows: int) -> Batch:
-    """One batch of the ranks' per-row results, row i where the request had it (each
-    rank's part is in its `plan` order; one epoch, so every row appears once)."""
-    tensors = {}
-    for key in parts[0].tensors:
-        first = parts[0][key]
-        merged = first.new_zeros((rows, *first.shape[1:]))
-        for part, rank_rows in zip(parts, plan, strict=True):
-            merged[rank_rows] = part[key]
-        tensors[key] = merged
-    return Batch(tensors=tensors)
+    """Each rank's rows (rank r's k-th block of `share_rows` rows is its share of
+    mini-batch k) plus MiniBatchPlan's count columns of each row's mini-batch."""
+    blocks = len(shares[0]) // share_rows
+    units = [
+        units_of(
+            torch.cat([s["response_mask"][k * share_rows : (k + 1) * share_rows] for s in shares])
+        )
+        for k in range(blocks)
+    ]
+    columns = count_columns([t for t, _ in units], [q for _, q in units], share_rows)
+    return [Batch({**s.tensors, **columns}, s.non_tensors, s.meta) for s in shares]
 
 
 def _merge_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
