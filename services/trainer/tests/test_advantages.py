@@ -25,9 +25,9 @@ def _settings(estimator="gae", kl_in_reward=True, whiten=False, norm_by_std=True
         gamma=1.0,
         lam=1.0,
         whiten_advantages=whiten,
-        norm_adv_by_std=norm_by_std,
+        norm_adv_by_std_in_grpo=norm_by_std,
         singleton_groups=singleton,
-        kl_kind="k1",
+        kl_penalty="k1",
         kl_in_reward=kl_in_reward,
     )
 
@@ -104,12 +104,16 @@ def test_algorithm_settings_reach_the_advantage_settings():
         ],
     )
     settings = advantage_settings(config)
-    assert (settings.estimator, settings.norm_adv_by_std, settings.singleton_groups) == (
+    assert (
+        settings.adv_estimator,
+        settings.norm_adv_by_std_in_grpo,
+        settings.singleton_groups,
+    ) == (
         "opo",
         False,
         "score",
     )
-    assert (settings.kl_kind, settings.kl_in_reward) == ("low_var_kl+", False)
+    assert (settings.kl_penalty, settings.kl_in_reward) == ("low_var_kl+", False)
 
 
 def test_remax_subtracts_each_rows_greedy_baseline():
@@ -150,3 +154,27 @@ def test_optimal_token_baseline_reads_the_forward_and_the_rollout_weights():
     # scaling every weight alike leaves the baseline a weighted mean of the same returns
     same, _ = compute_advantages(heavier, settings, 0.0)
     assert torch.allclose(same["advantages"], adv, atol=1e-5)
+
+
+def test_advantage_settings_and_estimator_inputs_carry_the_run_configs_names():
+    """One name per concept: the trainer's settings, the estimators' inputs and the
+    batch keys they read are the run config's and the step batch's names."""
+    import dataclasses
+
+    from rlserve.core.algos.advantage_registry import ADVANTAGE_ESTIMATORS, EstimatorInputs
+    from rlserve.core.run_config import AlgorithmConfig
+    from rlserve.trainer.advantages import ESTIMATOR_TENSORS
+
+    algorithm_fields = set(AlgorithmConfig.model_fields)
+    derived = {"kl_in_reward"}  # from actor.use_kl_loss
+    settings = {field.name for field in dataclasses.fields(AdvantageSettings)}
+    assert settings - derived <= algorithm_fields, sorted(settings - derived - algorithm_fields)
+    knobs = {
+        field.name
+        for field in dataclasses.fields(EstimatorInputs)
+        if field.type in ("float", "bool", "str")
+    }
+    assert knobs and knobs <= settings, sorted(knobs - settings)
+    computed = {"group_ids", "component_weights"}  # from uid, from the reward service
+    needs = {need for _, entry in ADVANTAGE_ESTIMATORS.items() for need in entry.needs}
+    assert needs - computed <= set(ESTIMATOR_TENSORS), sorted(needs - computed)

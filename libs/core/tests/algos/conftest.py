@@ -114,9 +114,9 @@ def ref_weights(mask, mode):
 
 
 def ref_loss_and_grad(losses, grads, mask, mode):
-    """The aggregate of per-token losses and its gradient w.r.t. logprob.
+    """The aggregate of per-token losses and its gradient w.r.t. log_probs.
 
-    ``grads[b][t]`` is d(Σ_t' losses[b][t']) / d logprob[b][t], the row's summed loss
+    ``grads[b][t]`` is d(Σ_t' losses[b][t']) / d log_probs[b][t], the row's summed loss
     differentiated by one token; weighting it by the token's weight is exact because
     both modes tested weigh all tokens of a row the same."""
     weights = ref_weights(mask, mode)

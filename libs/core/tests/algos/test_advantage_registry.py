@@ -61,7 +61,7 @@ def test_registry_names_and_critic_needs():
 
     assert needing("baseline_scores") == ["remax"]
     assert needing("sum_pi_squared") == ["optimal_token_baseline"]
-    assert needing("component_scores") == ["gdpo"]
+    assert needing("reward_components") == ["gdpo"]
     # every need names an EstimatorInputs field
     fields = set(EstimatorInputs.__dataclass_fields__)
     assert all(estimator_needs(n) <= fields for n in ADVANTAGE_ESTIMATORS)
@@ -90,9 +90,9 @@ def test_registry_missing_inputs():
     with pytest.raises(ValueError, match="'remax' needs baseline_scores"):
         get_advantage_estimator("remax")(x, torch.ones(2, 3), nothing)
     with_groups = EstimatorInputs(group_ids=torch.tensor([0, 0]))
-    with pytest.raises(ValueError, match="'gdpo' needs component_scores"):
+    with pytest.raises(ValueError, match="'gdpo' needs reward_components"):
         get_advantage_estimator("gdpo")(x, torch.ones(2, 3), with_groups)
-    with pytest.raises(ValueError, match="'optimal_token_baseline' needs old_logprob"):
+    with pytest.raises(ValueError, match="'optimal_token_baseline' needs old_log_probs"):
         get_advantage_estimator("optimal_token_baseline")(x, torch.ones(2, 3), with_groups)
 
 
@@ -126,20 +126,20 @@ def test_registry_entries_call_the_plain_functions(make_groups, mask_for):
         adv, ret = run(name)
         torch.testing.assert_close(adv, exp_adv, msg=name)
         torch.testing.assert_close(ret, exp_ret, msg=name)
-    # normalize_advantages reaches GAE's whitening (only), norm_adv_by_std GRPO's std
-    adv, _ = run("gae", normalize_advantages=False)
+    # whiten_advantages reaches GAE's whitening (only), norm_adv_by_std_in_grpo GRPO's std
+    adv, _ = run("gae", whiten_advantages=False)
     torch.testing.assert_close(
         adv, compute_gae_advantages_returns(token_rewards, values, mask, 0.9, 0.95, False)[0]
     )
-    adv, _ = run("grpo", normalize_advantages=False)
+    adv, _ = run("grpo", whiten_advantages=False)
     torch.testing.assert_close(adv, grpo_advantages(scores, group_ids, mask))
-    adv, _ = run("grpo", norm_adv_by_std=False)
+    adv, _ = run("grpo", norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(
-        adv, grpo_advantages(scores, group_ids, mask, normalize_by_std=False)
+        adv, grpo_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=False)
     )
-    adv, _ = run("grpo_passk", norm_adv_by_std=False)
+    adv, _ = run("grpo_passk", norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(
-        adv, grpo_passk_advantages(scores, group_ids, mask, normalize_by_std=False)
+        adv, grpo_passk_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=False)
     )
     # the inputs of the estimators that read more than rewards and groups
     baseline = torch.randn(group_ids.numel(), generator=gen, dtype=torch.float64)
@@ -149,7 +149,7 @@ def test_registry_entries_call_the_plain_functions(make_groups, mask_for):
     )
     components = torch.stack([scores, -scores], dim=1)
     weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
-    adv, _ = run("gdpo", component_scores=components, component_weights=weights)
+    adv, _ = run("gdpo", reward_components=components, component_weights=weights)
     torch.testing.assert_close(adv, gdpo_advantages(components, weights, group_ids, mask))
     old = -torch.rand(mask.shape, generator=gen, dtype=torch.float64)
     squares = torch.rand(mask.shape, generator=gen, dtype=torch.float64)
@@ -157,7 +157,7 @@ def test_registry_entries_call_the_plain_functions(make_groups, mask_for):
     torch.testing.assert_close(
         run(
             "optimal_token_baseline",
-            old_logprob=old,
+            old_log_probs=old,
             sum_pi_squared=squares,
             token_weights=token_weights,
         ),

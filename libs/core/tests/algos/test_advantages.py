@@ -120,7 +120,7 @@ def ref_groups(scores, group_ids):
     return groups
 
 
-def ref_grpo(scores, group_ids, normalize_by_std, eps=1e-6):
+def ref_grpo(scores, group_ids, norm_adv_by_std_in_grpo, eps=1e-6):
     out = [0.0] * len(scores)
     for members in ref_groups(scores, group_ids).values():
         if len(members) == 1:
@@ -129,7 +129,9 @@ def ref_grpo(scores, group_ids, normalize_by_std, eps=1e-6):
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
         for i in members:
-            out[i] = (scores[i] - mean) / (std + eps) if normalize_by_std else scores[i] - mean
+            out[i] = (
+                (scores[i] - mean) / (std + eps) if norm_adv_by_std_in_grpo else scores[i] - mean
+            )
     return out
 
 
@@ -170,7 +172,7 @@ def test_grpo_by_hand(close):
     s = 1 / math.sqrt(3)
     close(adv, [[s, s], [-2 * s, 0.0], [0.0, s], [0.0, 0.0]], atol=1e-5)
     # without std: (1/3, -2/3, 1/3), singleton 0
-    adv = grpo_advantages(scores, group_ids, mask, normalize_by_std=False)
+    adv = grpo_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=False)
     close(adv, [[1 / 3, 1 / 3], [-2 / 3, 0.0], [0.0, 1 / 3], [0.0, 0.0]])
 
 
@@ -185,7 +187,7 @@ def test_grpo_matches_loop(random_group_batch):
     for seed in range(6):
         scores, group_ids, mask = random_group_batch(seed)
         for norm in (True, False):
-            adv = grpo_advantages(scores, group_ids, mask, normalize_by_std=norm)
+            adv = grpo_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=norm)
             expected = spread(ref_grpo(scores.tolist(), group_ids.tolist(), norm), mask.tolist())
             torch.testing.assert_close(
                 adv, torch.tensor(expected, dtype=torch.float64), msg=f"{seed} {norm}"
@@ -279,7 +281,7 @@ def test_singleton_groups_match_loop(ref_whiten, random_group_batch):
             expected = ref_grpo(s, g, norm)
             expected = [s[i] if i in singles else a for i, a in enumerate(expected)]
             adv = grpo_advantages(
-                scores, group_ids, mask, normalize_by_std=norm, singleton_groups="score"
+                scores, group_ids, mask, norm_adv_by_std_in_grpo=norm, singleton_groups="score"
             )
             torch.testing.assert_close(
                 adv, torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64)
@@ -439,7 +441,7 @@ def test_reinforce_plus_plus_matches_loop(all_masks, ref_whiten):
         )
 
 
-def ref_passk(scores, group_ids, normalize_by_std, singleton_groups="zero", eps=1e-6):
+def ref_passk(scores, group_ids, norm_adv_by_std_in_grpo, singleton_groups="zero", eps=1e-6):
     out = [0.0] * len(scores)
     for members in ref_groups(scores, group_ids).values():
         if len(members) == 1:
@@ -449,7 +451,7 @@ def ref_passk(scores, group_ids, normalize_by_std, singleton_groups="zero", eps=
         best = members[values.index(max(values))]  # first row holding the maximum
         second = max(scores[i] for i in members if i != best)
         gap = scores[best] - second
-        if normalize_by_std:
+        if norm_adv_by_std_in_grpo:
             mean = sum(values) / len(values)
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
             gap = gap / (std + eps)
@@ -469,7 +471,7 @@ def test_grpo_passk_by_hand(close):
         [[1.0], [0.0], [0.0], [0.0], [0.0], [0.0]],
     )
     close(
-        grpo_passk_advantages(scores, group_ids, mask, normalize_by_std=False),
+        grpo_passk_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=False),
         [[0.5], [0.0], [0.0], [0.0], [0.0], [0.0]],
     )
     adv = grpo_passk_advantages(scores, group_ids, mask, singleton_groups="score")
@@ -482,7 +484,11 @@ def test_grpo_passk_matches_loop(random_group_batch):
         for norm in (True, False):
             for singleton in SINGLETON_GROUP_CHOICES:
                 adv = grpo_passk_advantages(
-                    scores, group_ids, mask, normalize_by_std=norm, singleton_groups=singleton
+                    scores,
+                    group_ids,
+                    mask,
+                    norm_adv_by_std_in_grpo=norm,
+                    singleton_groups=singleton,
                 )
                 expected = ref_passk(scores.tolist(), group_ids.tolist(), norm, singleton)
                 torch.testing.assert_close(

@@ -18,24 +18,26 @@ from rlserve.core.algos.covariance_losses import clip_cov_loss, kl_cov_loss
 def cov_batch():
     # A = (1, 1, -1, -1), log π = (-1, -3, -1, -3.5): mean A = 0, mean log π = -2.125
     # Cov = A·(log π + 2.125) = (1.125, -0.875, -1.125, 1.375)
-    logprob = torch.tensor([[-1.0, -3.0, -1.0, -3.5, 0.0]], requires_grad=True)
+    log_probs = torch.tensor([[-1.0, -3.0, -1.0, -3.5, 0.0]], requires_grad=True)
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, float("nan")]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])
-    return logprob, adv, mask
+    return log_probs, adv, mask
 
 
 def test_clip_cov_by_hand(close):
-    logprob, adv, mask = cov_batch()
-    old = logprob.detach().clone()  # ρ = 1: the ε clip is inactive
+    log_probs, adv, mask = cov_batch()
+    old = log_probs.detach().clone()  # ρ = 1: the ε clip is inactive
     # eligible: Cov in (1, 5) -> tokens 0 and 3; fraction 0.5 of 4 tokens -> both picked
-    loss, metrics = clip_cov_loss(old, logprob, adv, mask, clip_cov_fraction=0.5, clip_cov_low=1.0)
+    loss, metrics = clip_cov_loss(
+        old, log_probs, adv, mask, clip_cov_fraction=0.5, clip_cov_low=1.0
+    )
     # -A·ρ = (-1, -1, 1, 1) with tokens 0 and 3 zeroed -> token mean 0
     close(loss, 0.0)
     close(metrics["pg_cov_frac"], 0.5)
     loss.backward()
-    close(logprob.grad, [[0.0, -0.25, 0.25, 0.0, 0.0]])
+    close(log_probs.grad, [[0.0, -0.25, 0.25, 0.0, 0.0]])
     # fraction 0.25 -> one token, at random among the eligible 0 and 3
-    loss, metrics = clip_cov_loss(old, logprob, adv, mask, clip_cov_fraction=0.25)
+    loss, metrics = clip_cov_loss(old, log_probs, adv, mask, clip_cov_fraction=0.25)
     close(metrics["pg_cov_frac"], 0.25)
     assert float(loss.detach()) in (
         0.25,
@@ -44,24 +46,24 @@ def test_clip_cov_by_hand(close):
 
 
 def test_kl_cov_by_hand(close):
-    logprob, adv, mask = cov_batch()
-    old = logprob.detach() - torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]])
-    loss, metrics = kl_cov_loss(old, logprob, adv, mask, kl_cov_fraction=0.25, kl_cov_coef=2.0)
+    log_probs, adv, mask = cov_batch()
+    old = log_probs.detach() - torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0]])
+    loss, metrics = kl_cov_loss(old, log_probs, adv, mask, kl_cov_fraction=0.25, kl_cov_coef=2.0)
     # top-1 Cov is token 3 (1.375): it pays 2·|0.4|; all pay -A·e^{log ρ}
     values = [-math.exp(0.1), -math.exp(0.2), math.exp(0.3), math.exp(0.4) + 0.8]
     close(loss, sum(values) / 4)
     close(metrics["pg_cov_frac"], 0.25)
     loss.backward()
     close(
-        logprob.grad,
+        log_probs.grad,
         [[-math.exp(0.1) / 4, -math.exp(0.2) / 4, math.exp(0.3) / 4, (math.exp(0.4) + 2) / 4, 0]],
     )
 
 
-def ref_covariance(adv, logprob, mask):
+def ref_covariance(adv, log_probs, mask):
     valid = [
         (a, lp)
-        for ra, rl, rm in zip(adv, logprob, mask, strict=True)
+        for ra, rl, rm in zip(adv, log_probs, mask, strict=True)
         for a, lp, m in zip(ra, rl, rm, strict=True)
         if m
     ]
@@ -69,7 +71,7 @@ def ref_covariance(adv, logprob, mask):
     mean_l = sum(lp for _, lp in valid) / len(valid)
     return [
         [(a - mean_a) * (lp - mean_l) if m else 0.0 for a, lp, m in zip(ra, rl, rm, strict=True)]
-        for ra, rl, rm in zip(adv, logprob, mask, strict=True)
+        for ra, rl, rm in zip(adv, log_probs, mask, strict=True)
     ]
 
 

@@ -25,7 +25,7 @@ from rlserve.core.algos.kl import (
 LN2 = math.log(2.0)
 
 
-# logprob = ln 0.5, ref = ln 0.25 -> log_ratio = ln 2; and the reverse -> -ln 2.
+# log_probs = ln 0.5, ref = ln 0.25 -> log_ratio = ln 2; and the reverse -> -ln 2.
 # k1 = ±ln 2; k2 = 0.5 ln²2 = 0.240227; abs = ln 2;
 # k3 = exp(-lr) + lr - 1: lr = ln2 -> 0.5 + 0.693147 - 1 = 0.193147,
 #                         lr = -ln2 -> 2 - 0.693147 - 1 = 0.306853.
@@ -41,53 +41,53 @@ LN2 = math.log(2.0)
     ],
 )
 def test_kl_penalty_by_hand(kind, expected, close):
-    logprob = torch.tensor([[math.log(0.5), math.log(0.25)]])
-    ref_logprob = torch.tensor([[math.log(0.25), math.log(0.5)]])
-    close(kl_penalty(logprob, ref_logprob, kind), [expected])
+    log_probs = torch.tensor([[math.log(0.5), math.log(0.25)]])
+    ref_log_probs = torch.tensor([[math.log(0.25), math.log(0.5)]])
+    close(kl_penalty(log_probs, ref_log_probs, kind), [expected])
 
 
 def test_kl_penalty_k3_is_clamped(close):
     # ref - logp = 15 -> e^15 - 15 - 1 ≈ 3.3e6 -> clamped to 10;
     # ref - logp = -30 -> log-ratio clamped to -20 -> e^-20 + 20 - 1 ≈ 19 -> 10.
-    logprob = torch.tensor([[0.0, 0.0]])
-    ref_logprob = torch.tensor([[15.0, -30.0]])
-    close(kl_penalty(logprob, ref_logprob, "k3"), [[10.0, 10.0]])
+    log_probs = torch.tensor([[0.0, 0.0]])
+    ref_log_probs = torch.tensor([[15.0, -30.0]])
+    close(kl_penalty(log_probs, ref_log_probs, "k3"), [[10.0, 10.0]])
 
 
 def test_kl_penalty_errors():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"valid kinds: k1, kl, k2, mse, k3, low_var_kl, abs, k1+"):
         kl_penalty(x, x, "k4")
-    with pytest.raises(ValueError, match="ref_logprob has shape"):
+    with pytest.raises(ValueError, match="ref_log_probs has shape"):
         kl_penalty(x, torch.zeros(2, 4), "k1")
 
 
 def test_kl_name_and_straight_through_by_hand(close):
     # one token with log π/π_ref = ln 2
-    logprob = torch.tensor([[LN2]], requires_grad=True)
+    log_probs = torch.tensor([[LN2]], requires_grad=True)
     ref = torch.zeros(1, 1)
-    close(kl_penalty(logprob, ref, "kl"), [[LN2]])  # VeRL's name for k1
+    close(kl_penalty(log_probs, ref, "kl"), [[LN2]])  # VeRL's name for k1
     expected_values = {"k1+": LN2, "k3+": 0.5 + LN2 - 1, "low_var_kl+": 0.5 + LN2 - 1}
     for kind, value in expected_values.items():
-        logprob.grad = None
-        out = kl_penalty(logprob, ref, kind)
+        log_probs.grad = None
+        out = kl_penalty(log_probs, ref, kind)
         close(out.detach(), [[value]])
         out.sum().backward()
         # gradient of k2 = 0.5·x²: x = ln 2 (k1's would be 1, k3's 1 - 1/2)
-        close(logprob.grad, [[LN2]])
+        close(log_probs.grad, [[LN2]])
 
 
 def test_straight_through_kl_matches_loop(all_masks):
     for seed, kind, gen, mask in all_masks():
         ref = -torch.rand(mask.shape, generator=gen, dtype=torch.float64) * 3
-        logprob = (
+        log_probs = (
             ref + torch.randn(mask.shape, generator=gen, dtype=torch.float64)
         ).requires_grad_()
         for st_kind in ("k1+", "k3+", "low_var_kl+"):
-            logprob.grad = None
-            out = kl_penalty(logprob, ref, st_kind)
+            log_probs.grad = None
+            out = kl_penalty(log_probs, ref, st_kind)
             values, grads = [], []
-            for rl, rr in zip(logprob.tolist(), ref.tolist(), strict=True):
+            for rl, rr in zip(log_probs.tolist(), ref.tolist(), strict=True):
                 x = [a - b for a, b in zip(rl, rr, strict=True)]
                 if st_kind == "k1+":
                     values.append(x)
@@ -100,7 +100,7 @@ def test_straight_through_kl_matches_loop(all_masks):
             )
             out.sum().backward()
             torch.testing.assert_close(
-                logprob.grad, torch.tensor(grads, dtype=torch.float64), msg=msg
+                log_probs.grad, torch.tensor(grads, dtype=torch.float64), msg=msg
             )
 
 
@@ -227,25 +227,25 @@ def test_kl_controller_errors():
 
 
 def test_kl_loss_by_hand(close):
-    logprob = torch.tensor([[math.log(0.5), math.log(0.25), 7.0]], requires_grad=True)
-    ref_logprob = torch.tensor([[math.log(0.25), math.log(0.5), 0.0]])
+    log_probs = torch.tensor([[math.log(0.5), math.log(0.25), 7.0]], requires_grad=True)
+    ref_log_probs = torch.tensor([[math.log(0.25), math.log(0.5), 0.0]])
     mask = torch.tensor([[1, 1, 0]])
-    loss, metrics = kl_loss(logprob, ref_logprob, mask, kind="k3")
+    loss, metrics = kl_loss(log_probs, ref_log_probs, mask, kind="k3")
     # token mean of the two k3 values above: (0.193147 + 0.306853) / 2 = 0.25
     close(loss, 0.25)
     close(metrics["kl_loss"], 0.25)
     loss.backward()
     # d k3 / d logp = 1 - exp(ref - logp): (1 - 0.5, 1 - 2) / 2 tokens; masked -> 0
-    close(logprob.grad, [[0.25, -0.5, 0.0]])
+    close(log_probs.grad, [[0.25, -0.5, 0.0]])
 
 
 def test_kl_loss_straight_through_gradient_by_hand(close):
-    logprob = torch.tensor([[LN2, 0.5, 9.0]], requires_grad=True)
+    log_probs = torch.tensor([[LN2, 0.5, 9.0]], requires_grad=True)
     ref = torch.zeros(1, 3)
     mask = torch.tensor([[1, 1, 0]])
-    loss, _ = kl_loss(logprob, ref, mask, kind="k3+")
+    loss, _ = kl_loss(log_probs, ref, mask, kind="k3+")
     # value: token mean of k3 = ((0.5 + ln 2 - 1) + (e^-0.5 + 0.5 - 1)) / 2
     close(loss.detach(), ((0.5 + LN2 - 1) + (math.exp(-0.5) - 0.5)) / 2)
     loss.backward()
     # gradient: log-ratio / 2 tokens; nothing for the padding
-    close(logprob.grad, [[LN2 / 2, 0.25, 0.0]])
+    close(log_probs.grad, [[LN2 / 2, 0.25, 0.0]])

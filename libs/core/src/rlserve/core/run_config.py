@@ -473,7 +473,7 @@ class RunConfig(ConfigModel):
             and self.actor.ppo_mini_batch_prompts == self.trainer.prompts_per_step
             and self.rollout_is_cap is None
             and (self.actor.use_kl_loss or self.algorithm.kl_ctrl.kl_coef == 0)
-            and not {"old_logprob", "sum_pi_squared"} & set(needs)
+            and not {"old_log_probs", "sum_pi_squared"} & set(needs)
         )
 
     @model_validator(mode="after")

@@ -17,31 +17,35 @@ from rlserve.core.algos.advantage_registry import (
 from rlserve.core.algos.kl import kl_metrics, kl_penalty, token_rewards_with_kl_penalty
 from rlserve.core.algos.masked import masked_mean
 from rlserve.core.batch import Batch
+from rlserve.core.config import fields_from
 from rlserve.core.run_config import RunConfig
 
-BATCH_KEYS = {
-    "values": "values",
-    "baseline_scores": "baseline_scores",
-    "component_scores": "reward_components",
-    "old_logprob": "old_log_probs",
-    "sum_pi_squared": "sum_pi_squared",
-}
-"""The step batch's tensor behind each EstimatorInputs tensor an estimator may need."""
+ESTIMATOR_TENSORS = (
+    "values",
+    "baseline_scores",
+    "reward_components",
+    "old_log_probs",
+    "sum_pi_squared",
+)
+"""The step batch's tensors an estimator may need, each under the name EstimatorInputs
+gives it."""
 
 
 @dataclass(frozen=True)
 class AdvantageSettings:
-    estimator: str
+    """The algorithm settings the advantages read, named as the run config names them."""
+
+    adv_estimator: str
     """Name in advantage_registry.ADVANTAGE_ESTIMATORS ("gae", "grpo", ...)."""
     gamma: float
     lam: float
     whiten_advantages: bool
     """Whiten "gae" advantages."""
-    norm_adv_by_std: bool
+    norm_adv_by_std_in_grpo: bool
     """"grpo" divides by the group std (False: Dr. GRPO)."""
     singleton_groups: str
     """What a group of one sample gets ("zero" or "score"; advantages.SINGLETON_GROUP_CHOICES)."""
-    kl_kind: str
+    kl_penalty: str
     """KL estimator for the in-reward penalty (a name in algos.kl.KL_KINDS)."""
     kl_in_reward: bool
     """Penalise KL in the token rewards (False when the actor uses a KL loss instead)."""
@@ -49,16 +53,8 @@ class AdvantageSettings:
 
 def advantage_settings(config: RunConfig) -> AdvantageSettings:
     """The run config's advantage and KL-in-reward settings, as plain values."""
-    algorithm = config.algorithm
-    return AdvantageSettings(
-        estimator=algorithm.adv_estimator,
-        gamma=algorithm.gamma,
-        lam=algorithm.lam,
-        whiten_advantages=algorithm.whiten_advantages,
-        norm_adv_by_std=algorithm.norm_adv_by_std_in_grpo,
-        singleton_groups=algorithm.singleton_groups,
-        kl_kind=algorithm.kl_penalty,
-        kl_in_reward=not config.actor.use_kl_loss,
+    return fields_from(
+        AdvantageSettings, config.algorithm, kl_in_reward=not config.actor.use_kl_loss
     )
 
 
@@ -72,7 +68,7 @@ def reference_drift(
     estimator): the drift a KL loss controls.
 
     Shape: log_probs, ref_log_probs, mask (B, R)"""
-    return kl_metrics(kl_penalty(log_probs, ref_log_probs, settings.kl_kind), mask.float())
+    return kl_metrics(kl_penalty(log_probs, ref_log_probs, settings.kl_penalty), mask.float())
 
 
 def compute_advantages(
@@ -94,7 +90,7 @@ def compute_advantages(
     mask = batch["response_mask"].float()
     scores = batch["scores"].float()
     if settings.kl_in_reward and "ref_log_probs" in batch.tensors:
-        token_kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_kind)
+        token_kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], settings.kl_penalty)
         coef = kl_coef
     else:
         token_kl, coef = torch.zeros_like(mask), 0.0
@@ -105,12 +101,12 @@ def compute_advantages(
             reference_drift(batch["old_log_probs"], batch["ref_log_probs"], mask, settings)
         )
 
-    estimator = settings.estimator
+    estimator = settings.adv_estimator
     needs = estimator_needs(estimator)
     tensors = {
-        field: batch[key].float()
-        for field, key in BATCH_KEYS.items()
-        if field in needs and key in batch.tensors
+        key: batch[key].float()
+        for key in ESTIMATOR_TENSORS
+        if key in needs and key in batch.tensors
     }
     if "group_ids" in needs:
         tensors["group_ids"] = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
@@ -122,8 +118,8 @@ def compute_advantages(
         component_weights=component_weights,
         gamma=settings.gamma,
         lam=settings.lam,
-        normalize_advantages=settings.whiten_advantages,
-        norm_adv_by_std=settings.norm_adv_by_std,
+        whiten_advantages=settings.whiten_advantages,
+        norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
         singleton_groups=settings.singleton_groups,
     )
     advantages, returns = get_advantage_estimator(estimator)(token_rewards, mask, inputs)

@@ -61,7 +61,7 @@ class Rewards:
         if penalty is not None:
             scores = scores + penalty
         rewards = {"scores": scores}
-        if "component_scores" in estimator_needs(self.algorithm.adv_estimator):
+        if "reward_components" in estimator_needs(self.algorithm.adv_estimator):
             kinds = await self.kinds()
             columns = [scored[f"scores_{kind}"].float() for kind in kinds]
             if penalty is not None:

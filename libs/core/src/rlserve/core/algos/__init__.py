@@ -35,9 +35,9 @@ Notation::
     response_mask  (B, T), 1 for response tokens, 0 elsewhere; bool, int or float.
                    May hold left padding, right padding or gaps (e.g. tool output
                    inside a multi-turn response).
-    logprob      (B, T) log π_θ(token | prefix) in nats, current policy (with grad)
-    old_logprob  (B, T) the same under the policy that generated the batch
-    ref_logprob  (B, T) the same under the frozen reference policy
+    log_probs      (B, T) log π_θ(token | prefix) in nats, current policy (with grad)
+    old_log_probs  (B, T) the same under the policy that generated the batch
+    ref_log_probs  (B, T) the same under the frozen reference policy
     score        (B,) one outcome reward per sequence (from the reward service)
 
 Design choices:

@@ -44,11 +44,11 @@ class EstimatorInputs:
     """Prompt group of each row (the group estimators). Shape: (B,)."""
     baseline_scores: Tensor | None = None
     """Score of the greedy response to each row's prompt ("remax"). Shape: (B,)."""
-    component_scores: Tensor | None = None
+    reward_components: Tensor | None = None
     """Each reward kind's score ("gdpo"). Shape: (B, K)."""
     component_weights: Tensor | None = None
     """Weight of each reward kind ("gdpo"). Shape: (K,)."""
-    old_logprob: Tensor | None = None
+    old_log_probs: Tensor | None = None
     """log π_old of the sampled tokens ("optimal_token_baseline"). Shape: (B, T)."""
     sum_pi_squared: Tensor | None = None
     """Σ_v π_old(v)² at each position ("optimal_token_baseline"). Shape: (B, T)."""
@@ -59,9 +59,9 @@ class EstimatorInputs:
     """Discount per token ("gae", "reinforce_plus_plus")."""
     lam: float = 1.0
     """GAE λ."""
-    normalize_advantages: bool = True
+    whiten_advantages: bool = True
     """"gae" whitens its advantages."""
-    norm_adv_by_std: bool = True
+    norm_adv_by_std_in_grpo: bool = True
     """"grpo" and "grpo_passk" divide by the group std (False: Dr. GRPO)."""
     singleton_groups: str = "zero"
     """What a group of one sample gets in the group estimators
@@ -156,7 +156,7 @@ def _gae_estimator(
         response_mask,
         inputs.gamma,
         inputs.lam,
-        whiten_advantages=inputs.normalize_advantages,
+        whiten_advantages=inputs.whiten_advantages,
     )
 
 
@@ -178,7 +178,7 @@ def _grpo_estimator(
         token_rewards,
         response_mask,
         inputs,
-        normalize_by_std=inputs.norm_adv_by_std,
+        norm_adv_by_std_in_grpo=inputs.norm_adv_by_std_in_grpo,
     )
 
 
@@ -279,13 +279,13 @@ def _grpo_passk_estimator(
         token_rewards,
         response_mask,
         inputs,
-        normalize_by_std=inputs.norm_adv_by_std,
+        norm_adv_by_std_in_grpo=inputs.norm_adv_by_std_in_grpo,
     )
 
 
 @register_estimator(
     "gdpo",
-    needs=_GROUP | {"component_scores", "component_weights"},
+    needs=_GROUP | {"reward_components", "component_weights"},
     note=AlgorithmNote(
         "each reward kind (the reward service's scores_<kind>) normalised within its "
         "group, weighted sum, whitened over the batch",
@@ -299,7 +299,7 @@ def _gdpo_estimator(
     # the token rewards' KL penalty is not a reward kind: GDPO reads the kinds' scores
     del token_rewards
     advantages = gdpo_advantages(
-        inputs.require("component_scores", "gdpo"),
+        inputs.require("reward_components", "gdpo"),
         inputs.require("component_weights", "gdpo"),
         inputs.require("group_ids", "gdpo"),
         response_mask,
@@ -327,7 +327,7 @@ def _remax_estimator(
 
 @register_estimator(
     "optimal_token_baseline",
-    needs=_GROUP | {"old_logprob", "sum_pi_squared"},
+    needs=_GROUP | {"old_log_probs", "sum_pi_squared"},
     note=AlgorithmNote(
         "return-to-go minus a per-group, per-position baseline weighted by each path's "
         "accumulated gradient variance (1 - 2π + Σπ²; asks the rollout for Σπ²)",
@@ -343,7 +343,7 @@ def _optimal_token_baseline_estimator(
         token_rewards,
         response_mask,
         inputs.require("group_ids", name),
-        inputs.require("old_logprob", name),
+        inputs.require("old_log_probs", name),
         inputs.require("sum_pi_squared", name),
         token_weights=inputs.token_weights,
         singleton_groups=inputs.singleton_groups,
@@ -366,7 +366,7 @@ def estimator_needs(name: str) -> frozenset[str]:
     an optional one: the optimal token baseline, ``token_weights``). The run config and
     the trainer ask it which services and requests a run needs: "values" a critic,
     "group_ids" several responses per prompt, "baseline_scores" a greedy generation,
-    "component_scores" each reward kind's score, "sum_pi_squared" Σπ² from the rollout."""
+    "reward_components" each reward kind's score, "sum_pi_squared" Σπ² from the rollout."""
     return ADVANTAGE_ESTIMATORS.lookup(name).needs
 
 

@@ -168,21 +168,21 @@ def grpo_advantages(
     scores: Tensor,
     group_ids: Tensor,
     response_mask: Tensor,
-    normalize_by_std: bool = True,
+    norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
     singleton_groups: str = "zero",
 ) -> Tensor:
     """GRPO outcome advantages (Shao et al., 2024, arXiv:2402.03300).
 
     ``A_i = (s_i - mean_g) / (std_g + eps)`` with the unbiased std of the group, or
-    ``s_i - mean_g`` when ``normalize_by_std`` is False (Dr. GRPO, Liu et al., 2025,
+    ``s_i - mean_g`` when ``norm_adv_by_std_in_grpo`` is False (Dr. GRPO, Liu et al., 2025,
     arXiv:2503.20783: the std divisor up-weights prompts that are too easy or too hard).
 
     Args:
         scores: Outcome reward per sequence. Shape: (B,).
         group_ids: Prompt group of each sequence (any integers). Shape: (B,).
         response_mask: 1 for response tokens. Shape: (B, T).
-        normalize_by_std: Divide by the group's standard deviation.
+        norm_adv_by_std_in_grpo: Divide by the group's standard deviation.
         eps: Added to the std (a group with equal scores then gets 0, not nan).
         singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
 
@@ -196,7 +196,7 @@ def grpo_advantages(
     # group mean: the baseline shared by all samples of one prompt
     mean = _group_sum(scores, index, num_groups) / count
     centred = scores - mean
-    if normalize_by_std:
+    if norm_adv_by_std_in_grpo:
         # scale-free advantage: how many group stds above the group mean
         centred = centred / (_group_std(centred, index, num_groups, count) + eps)
     # one sample has nothing to be compared with
@@ -397,7 +397,7 @@ def grpo_passk_advantages(
     scores: Tensor,
     group_ids: Tensor,
     response_mask: Tensor,
-    normalize_by_std: bool = True,
+    norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
     singleton_groups: str = "zero",
 ) -> Tensor:
@@ -406,14 +406,14 @@ def grpo_passk_advantages(
 
     A group of k samples counts as solved when its best sample is: only that sample
     gets a signal, ``A_best = (s_max - s_second) / (std_g + eps)`` (without the std
-    when ``normalize_by_std`` is False); the others get 0. With tied best scores the
+    when ``norm_adv_by_std_in_grpo`` is False); the others get 0. With tied best scores the
     earliest row is the best one, and its advantage is 0.
 
     Args:
         scores: Outcome reward per sequence. Shape: (B,).
         group_ids: Prompt group of each sequence (any integers). Shape: (B,).
         response_mask: 1 for response tokens. Shape: (B, T).
-        normalize_by_std: Divide by the group's (unbiased) standard deviation.
+        norm_adv_by_std_in_grpo: Divide by the group's (unbiased) standard deviation.
         eps: Added to the std.
         singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
 
@@ -434,7 +434,7 @@ def grpo_passk_advantages(
     # the runner-up: the largest score among the group's other rows
     others = torch.where(best, torch.full_like(scores, -math.inf), scores)
     gap = group_max - _group_reduce(others, index, num_groups, "amax")
-    if normalize_by_std:
+    if norm_adv_by_std_in_grpo:
         centred = scores - _group_sum(scores, index, num_groups) / count
         gap = gap / (_group_std(centred, index, num_groups, count) + eps)
     advantages = torch.where(best, gap, torch.zeros_like(gap))
@@ -444,7 +444,7 @@ def grpo_passk_advantages(
 
 @torch.no_grad()
 def gdpo_advantages(
-    component_scores: Tensor,
+    reward_components: Tensor,
     component_weights: Tensor,
     group_ids: Tensor,
     response_mask: Tensor,
@@ -462,7 +462,7 @@ def gdpo_advantages(
         A   = whiten(Σ_k w_k·A_k)                              (over the batch's tokens)
 
     Args:
-        component_scores: One column per reward component (the reward service's
+        reward_components: One column per reward component (the reward service's
             ``scores_<kind>``). Shape: (B, K).
         component_weights: Weight of each component. Shape: (K,).
         group_ids: Prompt group of each sequence (any integers). Shape: (B,).
@@ -477,13 +477,13 @@ def gdpo_advantages(
     Raises:
         ValueError: On bad shapes, non-integer ``group_ids`` or < 2 response tokens.
     """
-    check_2d("component_scores", component_scores)
-    if component_weights.shape != (component_scores.shape[1],):
+    check_2d("reward_components", reward_components)
+    if component_weights.shape != (reward_components.shape[1],):
         raise ValueError(
-            f"component_weights must have shape ({component_scores.shape[1]},), one per "
-            f"column of component_scores; got {tuple(component_weights.shape)}"
+            f"component_weights must have shape ({reward_components.shape[1]},), one per "
+            f"column of reward_components; got {tuple(component_weights.shape)}"
         )
-    components = _outcome_scores(component_scores)
+    components = _outcome_scores(reward_components)
     combined = torch.zeros_like(response_mask, dtype=components.dtype)
     for k in range(components.shape[1]):
         combined = combined + component_weights[k].to(components.dtype) * grpo_advantages(
@@ -547,7 +547,7 @@ def optimal_token_baseline_advantages(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    old_logprob: Tensor,
+    old_log_probs: Tensor,
     sum_pi_squared: Tensor,
     token_weights: Tensor | None = None,
     singleton_groups: str = "zero",
@@ -577,7 +577,7 @@ def optimal_token_baseline_advantages(
         token_rewards: Reward per token (score and KL penalty). Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         group_ids: Prompt group of each sequence (any integers). Shape: (B,).
-        old_logprob: log π_old of the sampled tokens. Shape: (B, T).
+        old_log_probs: log π_old of the sampled tokens. Shape: (B, T).
         sum_pi_squared: Σ_v π_old(v)² at each position. Shape: (B, T).
         token_weights: Importance weights of the tokens, or None. Shape: (B, T).
         singleton_groups: What a group of size 1 gets; see :data:`SINGLETON_GROUP_CHOICES`.
@@ -593,15 +593,15 @@ def optimal_token_baseline_advantages(
     check_same_shape(
         token_rewards=token_rewards,
         response_mask=response_mask,
-        old_logprob=old_logprob,
+        old_log_probs=old_log_probs,
         sum_pi_squared=sum_pi_squared,
     )
     # one entry per row, as the group estimators check their scores
     _check_groups(token_rewards[:, 0], group_ids, response_mask)
     mask = response_mask.bool()
-    old_logprob, sum_pi_squared = inside_mask(mask, old_logprob, sum_pi_squared)
+    old_log_probs, sum_pi_squared = inside_mask(mask, old_log_probs, sum_pi_squared)
     returns = _returns_to_go(token_rewards, mask)
-    variance = 1 - 2 * torch.exp(old_logprob) + sum_pi_squared
+    variance = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
     if token_weights is not None:
         check_same_shape(token_weights=token_weights, response_mask=response_mask)
         variance = variance * torch.where(mask, token_weights, torch.zeros_like(token_weights)) ** 2

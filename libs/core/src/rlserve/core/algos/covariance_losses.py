@@ -25,12 +25,12 @@ from rlserve.core.algos.policy_losses import (
 )
 
 
-def _token_covariance(advantages: Tensor, logprob: Tensor, mask: Tensor) -> Tensor:
+def _token_covariance(advantages: Tensor, log_probs: Tensor, mask: Tensor) -> Tensor:
     """Per-token centred product ``(A_t - mean A)·(log π_t - mean log π)``, means over
     the response tokens, detached. Shape: (B, T); 0 outside the mask."""
-    advantages, logprob = advantages.detach(), logprob.detach()
+    advantages, log_probs = advantages.detach(), log_probs.detach()
     covariance = (advantages - masked_mean(advantages, mask)) * (
-        logprob - masked_mean(logprob, mask)
+        log_probs - masked_mean(log_probs, mask)
     )
     return torch.where(mask, covariance, torch.zeros_like(covariance))
 
@@ -60,8 +60,8 @@ def _covariance_token_count(mask: Tensor, fraction: float) -> Tensor:
     default_clip_ratios=PPO_CLIP_RATIOS,
 )
 def clip_cov_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -86,8 +86,8 @@ def clip_cov_loss(
     The paper runs it with a wide ε clip; ε here is ``clip_ratio_low/high``.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: ε_low of the PPO clip.
@@ -105,7 +105,7 @@ def clip_cov_loss(
     Raises:
         ValueError: On bad shapes or settings, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     check_clip_ratios(clip_ratio_low, clip_ratio_high)
     check_unit_interval("clip_cov_fraction", clip_cov_fraction)
     if not clip_cov_low < clip_cov_high:
@@ -113,14 +113,14 @@ def clip_cov_loss(
             f"clip_cov_low must be < clip_cov_high, got {clip_cov_low} and {clip_cov_high}"
         )
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
     clipped_tokens = mask & (clipped > unclipped)
-    covariance = _token_covariance(advantages, logprob, mask)
+    covariance = _token_covariance(advantages, log_probs, mask)
     # tokens in the covariance band the ε clip has not already silenced
     eligible = mask & ~clipped_tokens & (covariance > clip_cov_low) & (covariance < clip_cov_high)
     # a uniform random subset: the k eligible tokens with the largest random keys
@@ -144,8 +144,8 @@ def clip_cov_loss(
     ),
 )
 def kl_cov_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -164,8 +164,8 @@ def kl_cov_loss(
         L_t = -A_t·ρ_t + β·|log ρ_t|·[t in top-k by Cov]
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         kl_cov_fraction: Fraction of the response tokens penalised (the paper's k: 2e-3 for
@@ -180,14 +180,14 @@ def kl_cov_loss(
     Raises:
         ValueError: On bad shapes or settings, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     check_unit_interval("kl_cov_fraction", kl_cov_fraction)
     if kl_cov_coef < 0:
         raise ValueError(f"kl_cov_coef must be >= 0, got {kl_cov_coef}")
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
-    covariance = _token_covariance(advantages, logprob, mask)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
+    covariance = _token_covariance(advantages, log_probs, mask)
     picked = _top_k_mask(mask, covariance, _covariance_token_count(mask, kl_cov_fraction))
     # the plain surrogate, plus β·|log ρ| on the highest-covariance tokens
     penalty = kl_cov_coef * log_ratio.abs()

@@ -15,7 +15,7 @@ from rlserve.core.algos.policy_losses import check_policy_inputs, policy_metrics
 
 
 def _divergence_masked_loss(
-    logprob: Tensor,
+    log_probs: Tensor,
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
@@ -28,12 +28,12 @@ def _divergence_masked_loss(
     ratio = torch.exp(log_ratio)
     # sg[min(ρ, C)]·∇log π = ∇ρ below the cap: the unclipped surrogate's gradient
     weight = torch.clamp(ratio, max=max_ratio).detach()
-    score_function = torch.exp(logprob - logprob.detach())
-    kept = inside.to(logprob.dtype)
+    score_function = torch.exp(log_probs - log_probs.detach())
+    kept = inside.to(log_probs.dtype)
     losses = -advantages * weight * kept * score_function
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     outside = masked_mean(1 - kept, mask)
-    capped = masked_mean(((ratio > max_ratio) & inside).to(logprob.dtype), mask)
+    capped = masked_mean(((ratio > max_ratio) & inside).to(log_probs.dtype), mask)
     return loss, policy_metrics(loss, log_ratio, mask, outside, capped)
 
 
@@ -57,8 +57,8 @@ def _check_dppo(clip_ratio_low: float, clip_ratio_high: float, dppo_max_ratio: f
     default_clip_ratios=(0.15, 0.15),
 )
 def dppo_tv_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -84,8 +84,8 @@ def dppo_tv_loss(
     keep it large: truncation biases the gradient).
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: δ_low, the most a negative-advantage token's probability may fall.
@@ -102,15 +102,15 @@ def dppo_tv_loss(
         ValueError: On bad shapes, negative thresholds, a cap <= 0, an unknown mode or an
             empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     _check_dppo(clip_ratio_low, clip_ratio_high, dppo_max_ratio)
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
-    change = (torch.exp(logprob) - torch.exp(old_logprob)).detach()
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
+    change = (torch.exp(log_probs) - torch.exp(old_log_probs)).detach()
     inside = torch.where(advantages > 0, change <= clip_ratio_high, change >= -clip_ratio_low)
     return _divergence_masked_loss(
-        logprob, log_ratio, advantages, mask, inside, dppo_max_ratio, loss_agg_mode
+        log_probs, log_ratio, advantages, mask, inside, dppo_max_ratio, loss_agg_mode
     )
 
 
@@ -123,8 +123,8 @@ def dppo_tv_loss(
     default_clip_ratios=(0.05, 0.05),
 )
 def dppo_kl_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -147,8 +147,8 @@ def dppo_kl_loss(
     2·0.15² = 0.045.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: δ_low, the divergence allowed to a negative-advantage token.
@@ -163,15 +163,15 @@ def dppo_kl_loss(
         ValueError: On bad shapes, negative thresholds, a cap <= 0, an unknown mode or an
             empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     _check_dppo(clip_ratio_low, clip_ratio_high, dppo_max_ratio)
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
-    new_logprob = logprob.detach()
-    p_old, p = torch.exp(old_logprob), torch.exp(new_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
+    new_logprob = log_probs.detach()
+    p_old, p = torch.exp(old_log_probs), torch.exp(new_logprob)
     # the 1e-8 keeps log(1 - p) finite for a token of probability 1
-    divergence = p_old * (old_logprob - new_logprob) + (1 - p_old) * (
+    divergence = p_old * (old_log_probs - new_logprob) + (1 - p_old) * (
         torch.log(1 - p_old + 1e-8) - torch.log(1 - p + 1e-8)
     )
     inside = torch.where(
@@ -180,5 +180,5 @@ def dppo_kl_loss(
         (divergence <= clip_ratio_low) | (p >= p_old),
     )
     return _divergence_masked_loss(
-        logprob, log_ratio, advantages, mask, inside, dppo_max_ratio, loss_agg_mode
+        log_probs, log_ratio, advantages, mask, inside, dppo_max_ratio, loss_agg_mode
     )

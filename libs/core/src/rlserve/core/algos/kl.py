@@ -47,10 +47,10 @@ KL_KINDS: tuple[str, ...] = tuple(KL_KIND_NOTES)
 a "+" suffix is the straight-through variant)."""
 
 
-def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
+def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
     """Per-token estimate of KL(π ‖ π_ref) from sampled tokens' log-probs.
 
-    Tokens are sampled from π, so with log_ratio = logprob - ref_logprob
+    Tokens are sampled from π, so with log_ratio = log_probs - ref_log_probs
     (Schulman, "Approximating KL divergence", 2020):
 
     - ``"k1"`` / ``"kl"``: log_ratio. Unbiased, high variance, can be negative.
@@ -59,14 +59,14 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
       low variance; clamped to [-10, 10] like VeRL.
     - ``"abs"``: |log_ratio|.
     - ``"k1+"``, ``"k3+"``, ``"low_var_kl+"``: straight-through. The value is the named
-      estimator's, the gradient is k2's, ``log_ratio · ∇logprob``, whose expectation
+      estimator's, the gradient is k2's, ``log_ratio · ∇log_probs``, whose expectation
       under π is the exact gradient of KL(π ‖ π_ref) (k1's gradient has expectation 0,
       k3's is the gradient of the other direction, KL(π_ref ‖ π)). Only matters in a
       loss (:func:`kl_loss`); in the reward the value alone counts.
 
     Args:
-        logprob: Log-probs under the current (or old) policy, nats. Shape: (B, T).
-        ref_logprob: Log-probs under the reference policy, nats. Shape: (B, T).
+        log_probs: Log-probs under the current (or old) policy, nats. Shape: (B, T).
+        ref_log_probs: Log-probs under the reference policy, nats. Shape: (B, T).
         kind: One of :data:`KL_KINDS`.
 
     Returns:
@@ -75,10 +75,10 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
     Raises:
         ValueError: On a shape mismatch or an unknown ``kind``.
     """
-    check_same_shape(logprob=logprob, ref_logprob=ref_logprob)
-    log_ratio = logprob - ref_logprob
+    check_same_shape(log_probs=log_probs, ref_log_probs=ref_log_probs)
+    log_ratio = log_probs - ref_log_probs
     if kind.endswith("+") and kind in KL_KINDS:
-        value = kl_penalty(logprob, ref_logprob, kind.removesuffix("+"))
+        value = kl_penalty(log_probs, ref_log_probs, kind.removesuffix("+"))
         k2 = 0.5 * log_ratio.square()
         # forward: the estimator's value; backward: k2's gradient (the detached part is 0)
         return k2 + (value - k2).detach()
@@ -255,8 +255,8 @@ def _value_from_state(state: dict[str, float]) -> float:
 
 
 def kl_loss(
-    logprob: Tensor,
-    ref_logprob: Tensor,
+    log_probs: Tensor,
+    ref_log_probs: Tensor,
     response_mask: Tensor,
     *,
     kind: str = "low_var_kl",
@@ -265,8 +265,8 @@ def kl_loss(
     """KL(π_θ ‖ π_ref) as a loss term (GRPO's anchor, instead of KL in the reward).
 
     Args:
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
-        ref_logprob: Log-probs under the reference policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
+        ref_log_probs: Log-probs under the reference policy. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         kind: A :func:`kl_penalty` kind; "low_var_kl" (k3) is the usual choice, and
             "low_var_kl+" keeps its value but trains with k2's gradient, the unbiased
@@ -280,7 +280,7 @@ def kl_loss(
     Raises:
         ValueError: On bad shapes, an unknown kind or mode, or an empty mask.
     """
-    check_same_shape(logprob=logprob, ref_logprob=ref_logprob, response_mask=response_mask)
+    check_same_shape(log_probs=log_probs, ref_log_probs=ref_log_probs, response_mask=response_mask)
     # per-token KL estimate, aggregated like the policy loss it is added to
-    loss = aggregate_loss(kl_penalty(logprob, ref_logprob, kind), response_mask, loss_agg_mode)
+    loss = aggregate_loss(kl_penalty(log_probs, ref_log_probs, kind), response_mask, loss_agg_mode)
     return loss, {"kl_loss": loss.detach()}

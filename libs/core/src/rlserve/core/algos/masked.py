@@ -44,9 +44,9 @@ def inside_mask(mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(torch.where(mask, t, torch.zeros_like(t)) for t in tensors)
 
 
-def clamped_log_ratio(logprob: Tensor, old_logprob: Tensor) -> Tensor:
+def clamped_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
     """log ρ = log π_θ - log π_old, clamped so exp() cannot overflow."""
-    return torch.clamp(logprob - old_logprob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -34,8 +34,8 @@ class PolicyLoss(Protocol):
 
     def __call__(
         self,
-        old_logprob: Tensor,
-        logprob: Tensor,
+        old_log_probs: Tensor,
+        log_probs: Tensor,
         advantages: Tensor,
         response_mask: Tensor,
         knobs: Mapping[str, Any] | None = None,
@@ -45,7 +45,7 @@ class PolicyLoss(Protocol):
 
 
 LossFunction = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-"""What :func:`register_policy_loss` decorates: ``(old_logprob, logprob, advantages,
+"""What :func:`register_policy_loss` decorates: ``(old_log_probs, log_probs, advantages,
 response_mask, *, <knobs>)``."""
 
 
@@ -110,8 +110,8 @@ def _uniform(name: str, loss: LossFunction) -> PolicyLoss:
     takes_generator = "generator" in inspect.signature(loss).parameters
 
     def entry(
-        old_logprob: Tensor,
-        logprob: Tensor,
+        old_log_probs: Tensor,
+        log_probs: Tensor,
         advantages: Tensor,
         response_mask: Tensor,
         knobs: Mapping[str, Any] | None = None,
@@ -127,7 +127,7 @@ def _uniform(name: str, loss: LossFunction) -> PolicyLoss:
             given.update(clip_ratio_low=low, clip_ratio_high=high)
         if takes_generator:
             given["generator"] = generator
-        return loss(old_logprob, logprob, advantages, response_mask, **given)
+        return loss(old_log_probs, log_probs, advantages, response_mask, **given)
 
     entry.__name__ = f"_{name}_policy_loss"
     return entry

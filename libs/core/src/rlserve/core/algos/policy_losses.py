@@ -27,12 +27,12 @@ from rlserve.core.algos.policy_loss_registry import PPO_CLIP_RATIOS, register_po
 
 
 def check_policy_inputs(
-    old_logprob: Tensor, logprob: Tensor, advantages: Tensor, response_mask: Tensor
+    old_log_probs: Tensor, log_probs: Tensor, advantages: Tensor, response_mask: Tensor
 ) -> None:
-    check_2d("logprob", logprob)
+    check_2d("log_probs", log_probs)
     check_same_shape(
-        logprob=logprob,
-        old_logprob=old_logprob,
+        log_probs=log_probs,
+        old_log_probs=old_log_probs,
         advantages=advantages,
         response_mask=response_mask,
     )
@@ -76,8 +76,8 @@ def policy_metrics(
     default_clip_ratios=PPO_CLIP_RATIOS,
 )
 def policy_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -97,8 +97,8 @@ def policy_loss(
     grown huge (stale samples), which the plain clip leaves unbounded.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: ε_low, the ratio is clipped below at 1 - ε_low.
@@ -121,13 +121,13 @@ def policy_loss(
     Raises:
         ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     check_clip_ratios(clip_ratio_low, clip_ratio_high)
     if clip_ratio_dual is not None and clip_ratio_dual <= 1:
         raise ValueError(f"clip_ratio_dual must be > 1 (or None), got {clip_ratio_dual}")
     mask = response_mask.bool()
     # log ρ, clamped so exp() cannot overflow on garbage or wildly stale tokens
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     # unclipped surrogate, negated so that minimising it ascends the objective
     unclipped = -advantages * ratio
@@ -135,14 +135,14 @@ def policy_loss(
     clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     # pessimistic bound: take the larger loss (= smaller objective)
     losses = torch.maximum(unclipped, clipped)
-    clipfrac = masked_mean((clipped > unclipped).to(logprob.dtype), mask)
+    clipfrac = masked_mean((clipped > unclipped).to(log_probs.dtype), mask)
     if clip_ratio_dual is None:
         clipfrac_lower = None
     else:
         # dual clip: for A < 0 the loss -A·ρ grows without bound in ρ; cap it at -A·c
         dual_bound = -advantages * clip_ratio_dual
         negative = advantages < 0
-        clipfrac_lower = masked_mean(((losses > dual_bound) & negative).to(logprob.dtype), mask)
+        clipfrac_lower = masked_mean(((losses > dual_bound) & negative).to(log_probs.dtype), mask)
         losses = torch.where(negative, torch.minimum(losses, dual_bound), losses)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac, clipfrac_lower)
@@ -158,8 +158,8 @@ def policy_loss(
     default_clip_ratios=(3e-4, 4e-4),
 )
 def gspo_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -185,8 +185,8 @@ def gspo_loss(
     than a token ratio. No dual clip.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: ε_low: s_i is clipped below at 1 - ε_low.
@@ -200,21 +200,21 @@ def gspo_loss(
     Raises:
         ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     check_clip_ratios(clip_ratio_low, clip_ratio_high)
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     # log s_i: the mean token log-ratio of each sequence (0 for a row without tokens)
     seq_log_ratio = masked_mean(log_ratio, mask, dim=1)
-    # value log s_i on every token, gradient ∇log π_θ(y_t) (logprob - sg[logprob] = 0)
-    token_log_ratio = seq_log_ratio.detach()[:, None] + (logprob - logprob.detach())
+    # value log s_i on every token, gradient ∇log π_θ(y_t) (log_probs - sg[log_probs] = 0)
+    token_log_ratio = seq_log_ratio.detach()[:, None] + (log_probs - log_probs.detach())
     ratio = torch.exp(token_log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     # pessimistic bound per token, with the sequence's ratio
     losses = torch.maximum(unclipped, clipped)
-    clipfrac = masked_mean((clipped > unclipped).to(logprob.dtype), mask)
+    clipfrac = masked_mean((clipped > unclipped).to(log_probs.dtype), mask)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac)
 
@@ -229,8 +229,8 @@ def gspo_loss(
     default_clip_ratios=PPO_CLIP_RATIOS,
 )
 def cispo_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -253,8 +253,8 @@ def cispo_loss(
     leave the lower side nearly open. Token-mean aggregation is the paper's.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: ε_low: the weight is at least 1 - ε_low.
@@ -268,18 +268,18 @@ def cispo_loss(
     Raises:
         ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     check_clip_ratios(clip_ratio_low, clip_ratio_high)
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     # the clipped importance weight, a constant for the gradient
     weight = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high).detach()
     # value 1, gradient ∇log π_θ: a REINFORCE term weighted by ŵ·A
-    score_function = torch.exp(logprob - logprob.detach())
+    score_function = torch.exp(log_probs - log_probs.detach())
     losses = -advantages * weight * score_function
-    clipfrac = masked_mean((weight != ratio.detach()).to(logprob.dtype), mask)
+    clipfrac = masked_mean((weight != ratio.detach()).to(log_probs.dtype), mask)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac)
 
@@ -294,8 +294,8 @@ def cispo_loss(
     default_clip_ratios=(1 - math.exp(-0.4), math.exp(0.4) - 1),
 )
 def gmpo_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -320,8 +320,8 @@ def gmpo_loss(
     (e^-0.4, e^0.4) written as ratio bounds 1 - ε_low and 1 + ε_high.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         clip_ratio_low: ε_low: token ratios are clipped below at 1 - ε_low.
@@ -335,11 +335,11 @@ def gmpo_loss(
     Raises:
         ValueError: On bad shapes, bad clip ratios, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     check_clip_ratios(clip_ratio_low, clip_ratio_high)
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     low, high = math.log(1 - clip_ratio_low), math.log(1 + clip_ratio_high)
     clipped = torch.clamp(log_ratio, low, high)
     # pessimistic per sign: A > 0 must not gain from a ratio above 1 + ε_high, A < 0 from
@@ -350,7 +350,7 @@ def gmpo_loss(
     ratio = torch.where(positive, seq_ratio_pos[:, None], seq_ratio_neg[:, None])
     losses = -advantages * ratio
     active = (positive & (log_ratio > high)) | ((advantages < 0) & (log_ratio < low))
-    clipfrac = masked_mean(active.to(logprob.dtype), mask)
+    clipfrac = masked_mean(active.to(log_probs.dtype), mask)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     return loss, policy_metrics(loss, log_ratio, mask, clipfrac)
 
@@ -363,8 +363,8 @@ def gmpo_loss(
     ),
 )
 def reinforce_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -380,8 +380,8 @@ def reinforce_loss(
     epoch and one mini-batch per step to stay on-policy.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         loss_agg_mode: See :func:`aggregate_loss`.
@@ -392,10 +392,10 @@ def reinforce_loss(
     Raises:
         ValueError: On bad shapes, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     losses = -advantages * torch.exp(log_ratio)
     loss = aggregate_loss(losses, mask, loss_agg_mode)
     return loss, policy_metrics(loss, log_ratio, mask)
@@ -410,8 +410,8 @@ def reinforce_loss(
     ),
 )
 def sapo_loss(
-    old_logprob: Tensor,
-    logprob: Tensor,
+    old_log_probs: Tensor,
+    log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
     *,
@@ -433,8 +433,8 @@ def sapo_loss(
     they destabilise training more). The paper aggregates per sequence, the default.
 
     Args:
-        old_logprob: Log-probs under the sampling policy. Shape: (B, T).
-        logprob: Log-probs under the current policy (with grad). Shape: (B, T).
+        old_log_probs: Log-probs under the sampling policy. Shape: (B, T).
+        log_probs: Log-probs under the current policy (with grad). Shape: (B, T).
         advantages: Per-token advantages. Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         sapo_tau_pos: Gate temperature for positive advantages (> 0).
@@ -448,14 +448,14 @@ def sapo_loss(
     Raises:
         ValueError: On bad shapes, a temperature <= 0, an unknown mode or an empty mask.
     """
-    check_policy_inputs(old_logprob, logprob, advantages, response_mask)
+    check_policy_inputs(old_log_probs, log_probs, advantages, response_mask)
     if not (sapo_tau_pos > 0 and sapo_tau_neg > 0):
         raise ValueError(
             f"sapo_tau_pos and sapo_tau_neg must be > 0, got {sapo_tau_pos} and {sapo_tau_neg}"
         )
     mask = response_mask.bool()
-    old_logprob, logprob, advantages = inside_mask(mask, old_logprob, logprob, advantages)
-    log_ratio = clamped_log_ratio(logprob, old_logprob)
+    old_log_probs, log_probs, advantages = inside_mask(mask, old_log_probs, log_probs, advantages)
+    log_ratio = clamped_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     tau = torch.where(
         advantages > 0,

@@ -18,7 +18,7 @@ from rlserve.core.algos.masked import (
 
 @torch.no_grad()
 def truncated_is_weights(
-    old_logprob: Tensor, rollout_logprob: Tensor, response_mask: Tensor, cap: float
+    old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, cap: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Truncated importance weights from the rollout engine's policy to the trainer's
     (Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
@@ -31,8 +31,8 @@ def truncated_is_weights(
     variance a rare token could add.
 
     Args:
-        old_logprob: Log-probs under the trainer's policy at generation time. Shape: (B, T).
-        rollout_logprob: Log-probs the rollout engine reported for the same tokens.
+        old_log_probs: Log-probs under the trainer's policy at generation time. Shape: (B, T).
+        rollout_log_probs: Log-probs the rollout engine reported for the same tokens.
             Shape: (B, T).
         response_mask: 1 for response tokens. Shape: (B, T).
         cap: Largest weight (> 0; VeRL's examples use 2).
@@ -46,15 +46,17 @@ def truncated_is_weights(
     Raises:
         ValueError: On bad shapes, a cap <= 0 or an empty mask.
     """
-    check_2d("old_logprob", old_logprob)
+    check_2d("old_log_probs", old_log_probs)
     check_same_shape(
-        old_logprob=old_logprob, rollout_logprob=rollout_logprob, response_mask=response_mask
+        old_log_probs=old_log_probs,
+        rollout_log_probs=rollout_log_probs,
+        response_mask=response_mask,
     )
     if not cap > 0:
         raise ValueError(f"cap must be > 0, got {cap}")
     mask = response_mask.bool()
-    old_logprob, rollout_logprob = inside_mask(mask, old_logprob, rollout_logprob)
-    log_ratio = clamped_log_ratio(old_logprob, rollout_logprob)
+    old_log_probs, rollout_log_probs = inside_mask(mask, old_log_probs, rollout_log_probs)
+    log_ratio = clamped_log_ratio(old_log_probs, rollout_log_probs)
     ratio = torch.exp(log_ratio)
     weights = torch.where(mask, torch.clamp(ratio, max=cap), torch.zeros_like(ratio))
     metrics = {
