@@ -61,25 +61,12 @@ def test_weights_are_frozen(tiny_model_dir, make_batch):
     assert all(torch.equal(before[k], v) for k, v in worker.model.state_dict().items())
 
 
-class InProcessGroup:
-    """WorkerGroup's async interface over one worker in this process (no Ray)."""
-
-    def __init__(self, worker):
-        self.workers = [worker]
-
-    async def run_all(self, method, *args, **kwargs):
-        return [getattr(w, method)(*args, **kwargs) for w in self.workers]
-
-    async def run_split(self, method, batch, **kwargs):
-        return getattr(self.workers[0], method)(batch, **kwargs)
-
-
-def test_controller_checks_requests(tiny_model_dir, make_batch):
+def test_controller_checks_requests(tiny_model_dir, make_batch, in_process_group):
     config = ReferenceServiceConfig(
         model_path=str(tiny_model_dir), max_batch_samples=8, max_request_tokens=50
     )
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
-    controller = controller_for(config, InProcessGroup(worker))
+    controller = controller_for(config, in_process_group([worker]))
     good = make_batch(4)
     t = good.tensors
     cases = [
@@ -118,7 +105,7 @@ def test_controller_checks_requests(tiny_model_dir, make_batch):
 
 
 def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_serves_on(
-    tiny_model_dir, make_batch
+    tiny_model_dir, make_batch, in_process_group
 ):
     """Issue 12 defect 7: a ComputeRefLogProb whose caller had given up ran on in the
     workers, and later calls queued behind it. The workers now stop at the next
@@ -126,7 +113,7 @@ def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_ser
     config = ReferenceServiceConfig(model_path=str(tiny_model_dir), forward_micro_batch_samples=1)
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
     # In-process, the call blocks the event loop: only the worker itself can stop it.
-    controller = controller_for(config, InProcessGroup(worker))
+    controller = controller_for(config, in_process_group([worker]))
     batch = make_batch(1024, seed=4)  # 1024 forward passes: ≈ 2 s
     asyncio.run(controller.worker_infos())
     started = time.perf_counter()
@@ -144,10 +131,12 @@ def test_log_probs_stop_at_the_deadline_between_micro_batches_and_the_worker_ser
     assert result.tensors["ref_log_probs"].shape == (2, 5)
 
 
-def test_the_batch_sampling_temperature_wins_over_the_configured_one(tiny_model_dir, make_batch):
+def test_the_batch_sampling_temperature_wins_over_the_configured_one(
+    tiny_model_dir, make_batch, in_process_group
+):
     config = ReferenceServiceConfig(model_path=str(tiny_model_dir), temperature=0.5)
     worker = ReferenceWorker(rank=0, world_size=1, **worker_kwargs(config))
-    controller = controller_for(config, InProcessGroup(worker))
+    controller = controller_for(config, in_process_group([worker]))
     batch = make_batch(3, seed=4)
 
     def scored(meta):

@@ -134,11 +134,24 @@ class ExclusiveAccess:
     async def run_unlocked(self, stage: str, work: Awaitable[T], deadline: Deadline) -> T:
         """`work` within the caller's deadline, beside whatever holds the lock (work on
         state that never changes, e.g. frozen reference weights)."""
-        try:
-            return await asyncio.wait_for(work, self._timeout_s(deadline))
-        except TimeoutError:
-            raise deadline_exceeded(stage) from None
+        return await within_deadline(stage, work, deadline, self.call_timeout_s)
 
     def _timeout_s(self, deadline: Deadline) -> float | None:
-        timeout_s = min(self.call_timeout_s, max(0.0, deadline.remaining_s()))
-        return None if timeout_s == math.inf else timeout_s
+        return _timeout_s(deadline, self.call_timeout_s)
+
+
+async def within_deadline(
+    stage: str, work: Awaitable[T], deadline: Deadline, call_timeout_s: float = math.inf
+) -> T:
+    """`work` within the caller's deadline (and `call_timeout_s`), cancelled at it:
+    DEADLINE_EXCEEDED naming `stage`. The wait of work on state that never changes (no
+    lock: the reference service, the rollout's merged reference)."""
+    try:
+        return await asyncio.wait_for(work, _timeout_s(deadline, call_timeout_s))
+    except TimeoutError:
+        raise deadline_exceeded(stage) from None
+
+
+def _timeout_s(deadline: Deadline, call_timeout_s: float) -> float | None:
+    timeout_s = min(call_timeout_s, max(0.0, deadline.remaining_s()))
+    return None if timeout_s == math.inf else timeout_s

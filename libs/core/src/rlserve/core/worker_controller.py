@@ -1,9 +1,10 @@
 """What every worker service's controller asks of its worker group.
 
-The critic's and the reference's controllers subclass `WorkerController`: the ranks'
-facts for GetInfo (asked once: workers never move, and asking again would queue behind
-a long update), the health check's dead workers, and the sequence checks every request
-gets against the model's vocabulary and the service's request limits.
+Every service's controller subclasses `WorkerController` (the stateful ones through
+rlserve.core.service.controller.StatefulController): the ranks' facts for GetInfo
+(asked once: workers never move, and asking again would queue behind a long update),
+the health check's dead workers, and the sequence checks every request gets against
+the model's vocabulary and the service's request limits (`bounds`).
 """
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class RequestBounds:
 class WorkerController:
     """A service controller over `group` (WorkerGroup's async interface)."""
 
-    def __init__(self, group: Any, bounds: RequestBounds):
+    def __init__(self, group: Any, bounds: RequestBounds | None = None):
         self.group = group
         self.bounds = bounds
         self._worker_infos: list[dict[str, Any]] | None = None
@@ -47,6 +48,8 @@ class WorkerController:
     async def checked_sequences(self, batch: Batch) -> Batch:
         """The request's sequence tensors, checked (rlserve.core.tensor_checks
         .require_sequences) against the vocabulary and this service's limits."""
+        if self.bounds is None:
+            raise TypeError("checked_sequences needs the controller's RequestBounds")
         return require_sequences(
             batch,
             await self.vocab_size(),

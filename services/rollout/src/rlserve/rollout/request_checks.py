@@ -169,5 +169,27 @@ def check_update_batch(
     return _with_tensors(batch, **floats)
 
 
+def check_update_rows(batch: Batch, workers: int, mini_batch_samples: int, epochs: int) -> None:
+    """An update's rows split evenly over the workers and tile the mini-batches, and
+    leave old_log_probs out only for a single optimizer step."""
+    rows, mini = len(batch), mini_batch_samples
+    if rows % workers:
+        raise invalid_argument("batch", f"{rows} rows must be a multiple of the {workers} workers")
+    if rows % mini:
+        raise invalid_argument(
+            "batch",
+            f"{rows} rows must be a multiple of ppo_mini_batch_samples {mini} "
+            f"(split over {workers} workers)",
+        )
+    if "old_log_probs" not in batch.tensors and (epochs > 1 or rows > mini):
+        raise invalid_argument(
+            "batch.tensors['old_log_probs']",
+            f"may be left out only when the update is one optimizer step (ppo_epochs 1, "
+            f"rows = ppo_mini_batch_samples {mini}), as then the update's own forward "
+            f"is the behaviour policy; this update has {epochs} epoch(s) "
+            f"over {rows} rows: send ComputeLogProb's log_probs",
+        )
+
+
 def _with_tensors(batch: Batch, **tensors: torch.Tensor) -> Batch:
     return Batch({**batch.tensors, **tensors}, batch.non_tensors, batch.meta)

@@ -9,10 +9,10 @@
 - `controller`: StatefulController, the lock (rlserve.core.exclusive), the step ledger
   (rlserve.core.steps) with its one checkpoint format, the known/broken state, the one
   update rule (checks → broken? → replay → apply), checkpoints, Reset and health.
-- `in_process`: InProcessGroup, the worker group's interface over workers in this
-  process (the unit tests' group).
 
-The group itself is rlserve.core.workers.WorkerGroup and the rank
-rlserve.core.rank_worker.RankWorker. This package imports neither Ray's worker
+The group is rlserve.core.workers.WorkerGroup, the rank rlserve.core.rank_worker
+.RankWorker, and the one in-process group of the unit tests (the group's interface over
+workers in the test's process) the root conftest's `in_process_group` fixture: test
+helpers stay out of shipped modules. This package imports neither Ray's worker
 transport nor any model code, so a Serve replica stays light.
 """
