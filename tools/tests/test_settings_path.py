@@ -13,6 +13,7 @@ here.
 
 import pytest
 
+from rlserve.core.algos.policy_loss_registry import POLICY_LOSSES
 from rlserve.core.config import validate_config
 from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES
 from rlserve.core.reward_settings import RewardSettings
@@ -150,11 +151,18 @@ def test_policy_loss_choice_and_knobs_reach_the_actor_worker():
     rollout = validate_config(RolloutServiceConfig, service_args(config, "/m")["rollout"])
     loss = actor_worker_kwargs(rollout)["loss"]
     assert loss.policy_loss == "clip_cov"
-    assert (loss.clip_ratio_low, loss.clip_ratio_high) == (0.25, 0.28)
     assert loss.loss_agg_mode == "seq-mean-token-sum-norm"
-    assert (loss.clip_cov_fraction, loss.clip_cov_low, loss.clip_cov_high) == (0.01, 0.5, 4.0)
-    assert (loss.kl_cov_fraction, loss.kl_cov_coef) == (0.02, 0.3)
     assert loss.kl_loss_kind == "low_var_kl+"
+    knobs = loss.knobs  # the policy loss reads its own from these, by name
+    assert (knobs["clip_ratio_low"], knobs["clip_ratio_high"]) == (0.25, 0.28)
+    assert knobs["loss_agg_mode"] == "seq-mean-token-sum-norm"
+    assert (knobs["clip_cov_fraction"], knobs["clip_cov_low"], knobs["clip_cov_high"]) == (
+        0.01,
+        0.5,
+        4.0,
+    )
+    assert (knobs["kl_cov_fraction"], knobs["kl_cov_coef"]) == (0.02, 0.3)
+    assert set(POLICY_LOSSES.lookup("clip_cov").knob_names) <= set(knobs)
 
 
 def test_rollout_service_rejects_an_unknown_policy_loss_naming_the_choices():
