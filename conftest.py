@@ -58,6 +58,53 @@ def serve_cluster() -> Iterator[ServeCluster]:
     ray.shutdown()
 
 
+def padded_sequence_batch(
+    rows: int,
+    prompt_len: int = 6,
+    response_len: int = 5,
+    seed: int = 0,
+    vocab_size: int = 99,
+    targets: bool = False,
+) -> Batch:
+    """Random prompt ‖ response rows as the model services receive them: prompts
+    left-padded, responses right-padded (some empty, the first full), pad id 0 where
+    masked; with `targets`, a critic's old values and returns too."""
+    import torch
+
+    from rlserve.core.batch import Batch
+
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, vocab_size, (rows, prompt_len + response_len), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    prompt_pad = torch.randint(0, prompt_len - 1, (rows,), generator=generator)
+    response_lens = torch.randint(0, response_len + 1, (rows,), generator=generator)
+    response_lens[0] = response_len
+    for row in range(rows):
+        attention_mask[row, : prompt_pad[row]] = 0
+        attention_mask[row, prompt_len + response_lens[row] :] = 0
+    input_ids[attention_mask == 0] = 0
+    response_mask = attention_mask[:, prompt_len:].clone()
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "responses": input_ids[:, prompt_len:].clone(),
+        "response_mask": response_mask,
+    }
+    if targets:
+        tensors["values"] = (
+            torch.randn(rows, response_len, generator=generator) * 0.1 * response_mask
+        )
+        tensors["returns"] = torch.randn(rows, response_len, generator=generator) * response_mask
+    return Batch(tensors=tensors)
+
+
+@pytest.fixture(scope="session")
+def sequence_batch():
+    """padded_sequence_batch(rows, prompt_len=6, response_len=5, seed=0, vocab_size=99,
+    targets=False) -> Batch."""
+    return padded_sequence_batch
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised tiny Llama + character tokenizer in HF format."""
