@@ -33,6 +33,10 @@ without the route) the call goes by gRPC as above; a handle call that fails in R
 itself (the replica died) goes to gRPC at once and the handle is looked up again after
 DIRECT_LOOKUP_INTERVAL_S.
 
+The choice of route is one pure function, rlserve.core.rpc_routes.choose_route, and each
+route one transport there: the retry loop here retries attempts whatever route each
+took, and an attempt whose route fails without reaching the service takes the next one.
+
 Tracing: every attempt is its own client span `rpc.client/<Service>/<Rpc>` (attributes
 role, attempt, route, gRPC status) whose W3C context travels in the call's metadata, so the
 service's server span becomes its child; a failed attempt's span is marked ERROR, and a
@@ -46,15 +50,26 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from google.protobuf import message_factory
 from opentelemetry.trace import Status, StatusCode
 
 from rlserve.core import auth, tracing
 from rlserve.core.lease import run_id_metadata
+from rlserve.core.rpc_routes import HANDLE_ROUTE_MIN_BYTES as HANDLE_ROUTE_MIN_BYTES
+from rlserve.core.rpc_routes import STALE_ROUTE_CODES as STALE_ROUTE_CODES
+from rlserve.core.rpc_routes import (
+    GrpcRoute,
+    HandleRoute,
+    Outgoing,
+    Route,
+    RouteFacts,
+    RouteFailed,
+    Transport,
+    choose_route,
+)
 from rlserve.core.serving import deadline_metadata
 
 # Batches need torch; a client that sends none (GetInfo, a health probe, a torch-free
@@ -65,16 +80,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 30
-# A direct call failing so says nothing of the service: Serve answers NOT_FOUND on a
-# replica's port for another app's call (the port was reused after a replacement).
-STALE_ROUTE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
 DIRECT_LOOKUP_INTERVAL_S = 10.0
-"""How often a client without a direct route asks Serve for one again."""
-HANDLE_ROUTE_MIN_BYTES = {"direct": 2 * 2**20, "proxy": 64 * 2**10}
-"""The request tensors' bytes from which `call_with_batch` takes the handle route rather
-than each gRPC route (benchmarks/bench_batch_transport.py, replica + 2 workers, in one
-run: 12 KiB 4.7 ms direct, 7.7 handle, 7.9 proxy; 1 MiB 10.9, 12.3, 17.6; 4 MiB 24.9,
-21.8, 36.3; 64 MiB 349, 75, 552)."""
+"""How often a client without a direct route (or handle) asks Serve for one again."""
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -151,8 +158,26 @@ def app_handle(app: str) -> Any | None:
         return None
 
 
-class _HandleRouteFailed(Exception):
-    """The handle route failed in Ray itself, not in the service: use gRPC instead."""
+@dataclass
+class _Call:
+    """One call, across its attempts."""
+
+    rpc: str
+    request: Outgoing
+    timeout_s: float
+    response_bytes: int
+    direct_allowed: bool = True
+    """False once a direct try of this call found the route stale: the proxy for its
+    retries too."""
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt's facts, its first route and the transports it may take."""
+
+    facts: RouteFacts
+    route: Route
+    transports: dict[Route, Transport]
 
 
 class ServiceClient:
@@ -175,6 +200,7 @@ class ServiceClient:
         run_id: str = "",
     ):
         self.stub = stub_cls(channel)
+        self._proxy = GrpcRoute(self.stub)
         # the run a stateful service's lease names (rlserve.core.lease)
         self.run_metadata = (run_id_metadata(run_id),) if run_id else ()
         self.stub_cls = stub_cls
@@ -185,7 +211,7 @@ class ServiceClient:
         self.policy = policy
         self.direct = direct
         self._direct_channel: grpc.aio.Channel | None = None
-        self._direct_stub: Any = None
+        self._direct: GrpcRoute | None = None
         self._retired_channels: list[grpc.aio.Channel] = []
         self._looked_up_at = -math.inf
         self.handle = handle
@@ -194,32 +220,52 @@ class ServiceClient:
         """The route of the last call answered ("handle", "direct" or "proxy")."""
         self.calls_by_route: Counter[str] = Counter()
         """Calls answered, by route (a call answered after retries counts once)."""
-        self._handle: Any = None
+        self._handle: HandleRoute | None = None
         self._handle_looked_up_at = -math.inf
 
-    async def _route(self, direct_allowed: bool) -> tuple[str, Any]:
-        """("direct", the replica's stub) when there is a direct route, else ("proxy",
-        the proxy's stub). Looked up at most every DIRECT_LOOKUP_INTERVAL_S."""
-        if not (self.direct and direct_allowed):
-            return "proxy", self.stub
+    async def _direct_route(self, call: _Call) -> GrpcRoute | None:
+        """The route to the app's replica when there is one and `call` may take it.
+        Looked up at most every DIRECT_LOOKUP_INTERVAL_S."""
+        if not (self.direct and call.direct_allowed):
+            return None
         now = time.monotonic()
-        if self._direct_stub is None and now - self._looked_up_at >= DIRECT_LOOKUP_INTERVAL_S:
+        if self._direct is None and now - self._looked_up_at >= DIRECT_LOOKUP_INTERVAL_S:
             self._looked_up_at = now
             target = await asyncio.to_thread(direct_grpc_target, self.application)
             if target is not None:
                 # created here, inside the event loop that uses it (grpc.aio's rule)
                 self._direct_channel = open_channel(target)
-                self._direct_stub = self.stub_cls(self._direct_channel)
-        if self._direct_stub is None:
-            return "proxy", self.stub
-        return "direct", self._direct_stub
+                self._direct = GrpcRoute(self.stub_cls(self._direct_channel), STALE_ROUTE_CODES)
+        return self._direct
+
+    def _handle_lookup_due(self) -> bool:
+        return time.monotonic() - self._handle_looked_up_at >= DIRECT_LOOKUP_INTERVAL_S
+
+    async def _handle_route(self) -> HandleRoute | None:
+        """The route by the app's DeploymentHandle, looked up at most every
+        DIRECT_LOOKUP_INTERVAL_S."""
+        if self._handle is None and self._handle_lookup_due():
+            self._handle_looked_up_at = time.monotonic()
+            handle = await asyncio.to_thread(app_handle, self.application)
+            self._handle = None if handle is None else HandleRoute(handle, self.service)
+        return self._handle
 
     def _forget_direct_route(self) -> None:
         """Stops using the direct channel; it stays open until `close` (closing it now
         would cancel this client's other calls still running on it)."""
         if self._direct_channel is not None:
             self._retired_channels.append(self._direct_channel)
-        self._direct_channel = self._direct_stub = None
+        self._direct_channel = self._direct = None
+
+    def _forget_route(self, route: Route, call: _Call) -> None:
+        """After `route` failed (RouteFailed): a stale direct route is dropped (looked
+        up again later, never by this call), a failed handle too (looked up again
+        after DIRECT_LOOKUP_INTERVAL_S)."""
+        if route == "direct":
+            call.direct_allowed = False
+            self._forget_direct_route()
+        elif route == "handle":
+            self._handle = None
 
     async def close(self) -> None:
         """Closes the direct channels (the proxy channel belongs to whoever passed it)."""
@@ -231,25 +277,6 @@ class ServiceClient:
     def _answered_by(self, route: str) -> None:
         self.last_route = route
         self.calls_by_route[route] += 1
-
-    def _handle_pays(self, grpc_route: str, batch: Batch, response_bytes: int) -> bool:
-        """Whether the call moves enough bytes (the request's batch, or the response's
-        when estimated larger) for the handle route to beat `grpc_route`."""
-        if not self.handle:
-            return False
-        min_bytes = self.handle_min_bytes
-        if min_bytes is None:
-            min_bytes = HANDLE_ROUTE_MIN_BYTES[grpc_route]
-        request_bytes = sum(t.nbytes for t in batch.tensors.values())
-        return max(request_bytes, response_bytes) >= min_bytes
-
-    async def _app_handle(self) -> Any | None:
-        """The app's DeploymentHandle, looked up at most every DIRECT_LOOKUP_INTERVAL_S."""
-        now = time.monotonic()
-        if self._handle is None and now - self._handle_looked_up_at >= DIRECT_LOOKUP_INTERVAL_S:
-            self._handle_looked_up_at = now
-            self._handle = await asyncio.to_thread(app_handle, self.application)
-        return self._handle
 
     async def call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
         """Calls `rpc` with retries; raises the last grpc.aio.AioRpcError when out of tries."""
@@ -281,71 +308,23 @@ class ServiceClient:
         timeout_s: float | None,
         response_bytes: int = 0,
     ) -> tuple[Any, Batch | None]:
-        timeout_s = timeout_s or self.timeout_s
+        """The retry policy around attempts, whatever route each takes."""
+        call = _Call(rpc, Outgoing(request, batch), timeout_s or self.timeout_s, response_bytes)
         backoff_s = self.policy.initial_backoff_s
-        direct_allowed = True
-        wire_request = request if batch is None else None
         for attempt in range(self.policy.retries + 1):
-            route, stub = await self._route(direct_allowed)
-            handle = None
-            if batch is not None and self._handle_pays(route, batch[1], response_bytes):
-                handle = await self._app_handle()
-                if handle is not None:
-                    grpc_route, route = route, "handle"
+            plan = await self._plan(call)  # its lookups lie before the attempt's span
             with tracing.rpc_client_span(
                 self.service, rpc, role=self.application, attempt=attempt
             ) as span:
-                metadata = call_metadata(
-                    self.application, deadline_metadata(timeout_s), *self.run_metadata
-                )
-                if tracing.tracing_enabled():
-                    metadata = tracing.inject_metadata(metadata)
-                    if span.is_recording():
-                        span.set_attribute("rlserve.request_bytes", request.ByteSize())
-                        span.set_attribute("rlserve.route", route)
                 try:
-                    if handle is not None:
-                        try:
-                            answer = await self._handle_call(
-                                handle, rpc, request, batch, metadata, timeout_s
-                            )
-                            self._answered_by(route)
-                            return answer
-                        except _HandleRouteFailed as error:
-                            logger.info("%s: handle route failed (%s)", self.application, error)
-                            self._handle = handle = None
-                            route = grpc_route
-                            if span.is_recording():
-                                span.set_attribute("rlserve.route", route)
-                    if wire_request is None:
-                        wire_request = _with_batch(request, *batch)
-                    try:
-                        response = await getattr(stub, rpc)(
-                            wire_request, metadata=metadata, timeout=timeout_s
-                        )
-                    except grpc.aio.AioRpcError as error:
-                        if route != "direct" or error.code() not in STALE_ROUTE_CODES:
-                            raise
-                        # The replica is gone, or its port now serves another app: the
-                        # proxy at once, for every retry too, and a new lookup later.
-                        logger.info("%s: direct route failed (%s)", self.application, error)
-                        direct_allowed = False
-                        self._forget_direct_route()
-                        if span.is_recording():
-                            span.set_attribute("rlserve.route", "proxy")
-                        route = "proxy"
-                        response = await getattr(self.stub, rpc)(
-                            wire_request, metadata=metadata, timeout=timeout_s
-                        )
-                    self._answered_by(route)
-                    return response, None if batch is None else _response_batch(response)
+                    return await self._attempt(call, plan, span)
                 except grpc.aio.AioRpcError as error:
                     failure = error
                     if span.is_recording():
                         span.set_attribute("rpc.grpc.status_code", error.code().value[0])
                         span.set_status(Status(StatusCode.ERROR, error.code().name))
                     if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        raise self._timed_out(rpc, timeout_s, error) from None
+                        raise self._timed_out(rpc, call.timeout_s, error) from None
                     if attempt == self.policy.retries or error.code() not in self.policy.retryable:
                         raise
             # The backoff lies between two attempt spans, in the caller's span.
@@ -363,40 +342,59 @@ class ServiceClient:
             backoff_s = min(backoff_s * 2, self.policy.max_backoff_s)
         raise AssertionError("unreachable")
 
-    async def _handle_call(
-        self,
-        handle: Any,
-        rpc: str,
-        request: Any,
-        batch: tuple[str, Batch],
-        metadata: list[tuple[str, str]],
-        timeout_s: float,
-    ) -> tuple[Any, Batch | None]:
-        """One call by the handle route; a service's status raises as AioRpcError, a
-        failure of Ray's (no such method, the replica died) as _HandleRouteFailed."""
-        call = handle.call_with_batch.remote(
-            rpc, request.SerializeToString(), batch[1], tuple(metadata)
+    async def _plan(self, call: _Call) -> _Attempt:
+        """The next attempt's facts, first route and transports: the direct route looked
+        up when due, and the handle when the call would take it."""
+        direct = await self._direct_route(call)
+        facts = RouteFacts(
+            has_batch=call.request.batch is not None,
+            request_bytes=call.request.batch_bytes(),
+            response_bytes=call.response_bytes,
+            handle_enabled=self.handle,
+            handle_min_bytes=self.handle_min_bytes,
+            handle_available=self._handle is not None or self._handle_lookup_due(),
+            direct_known=direct is not None,
         )
-        try:
-            result = await asyncio.wait_for(_resolved(call), timeout_s)
-        except TimeoutError:
-            call.cancel()
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                "Deadline Exceeded",
-            ) from None
-        except Exception as error:
-            raise _HandleRouteFailed(f"{type(error).__name__}: {error}") from error
-        code = grpc.StatusCode[result.code_name]
-        if code != grpc.StatusCode.OK:
-            raise grpc.aio.AioRpcError(
-                code, grpc.aio.Metadata(), grpc.aio.Metadata(), result.details
-            )
-        response = _response_class(request, self.service, rpc).FromString(result.response)
-        # a handler that encoded its batch itself rather than through response_batch
-        return response, _response_batch(response) if result.batch is None else result.batch
+        route = choose_route(facts)
+        handle = None
+        if route == "handle":
+            handle = await self._handle_route()
+            if handle is None:  # none found: the gRPC route
+                facts = replace(facts, handle_available=False)
+                route = choose_route(facts)
+        transports: dict[Route, Transport] = {"proxy": self._proxy}
+        if direct is not None:
+            transports["direct"] = direct
+        if handle is not None:
+            transports["handle"] = handle
+        return _Attempt(facts, route, transports)
+
+    async def _attempt(self, call: _Call, plan: _Attempt, span: Any) -> tuple[Any, Batch | None]:
+        """One attempt: its first route, and the next at once each time a route fails
+        without reaching the service (RouteFailed); a service's status raises."""
+        metadata = call_metadata(
+            self.application, deadline_metadata(call.timeout_s), *self.run_metadata
+        )
+        if tracing.tracing_enabled():
+            metadata = tracing.inject_metadata(metadata)
+            if span.is_recording():
+                span.set_attribute("rlserve.request_bytes", call.request.message.ByteSize())
+                span.set_attribute("rlserve.route", plan.route)
+        facts, route = plan.facts, plan.route
+        while True:  # ends: a proxy call raises no RouteFailed
+            transport = plan.transports[route]
+            try:
+                answer = await transport.attempt(call.rpc, call.request, metadata, call.timeout_s)
+            except RouteFailed as error:
+                logger.info("%s: %s route failed (%s)", self.application, route, error)
+                self._forget_route(route, call)
+                facts = replace(facts, failed=route)
+                route = choose_route(facts)
+                if span.is_recording():
+                    span.set_attribute("rlserve.route", route)
+                continue
+            self._answered_by(route)
+            return answer
 
     def _timed_out(
         self, rpc: str, timeout_s: float, error: grpc.aio.AioRpcError
@@ -431,37 +429,6 @@ def _replicas_of(app: str) -> str:
         f"{r['replica_id']} (node {r['node_id'][:8]}, pid {r['pid']})" for r in replicas
     )
     return f"held by replica {names}" if len(replicas) == 1 else f"one of replicas {names}"
-
-
-async def _resolved(call: Any) -> Any:
-    """Awaits a DeploymentResponse (a coroutine, so asyncio.wait_for can time it)."""
-    return await call
-
-
-def _with_batch(request: Any, field: str, batch: Batch) -> Any:
-    """A copy of `request` with `batch` encoded into its (empty) field `field`."""
-    wire_request = type(request)()
-    wire_request.CopyFrom(request)
-    from rlserve.core.codec import batch_to_proto
-
-    batch_to_proto(batch, into=getattr(wire_request, field))
-    return wire_request
-
-
-def _response_batch(response: Any) -> Batch | None:
-    """The response's batch field decoded, None when it has none."""
-    if "batch" not in response.DESCRIPTOR.fields_by_name or not response.HasField("batch"):
-        return None
-    from rlserve.core.codec import batch_from_proto
-
-    return batch_from_proto(response.batch)
-
-
-def _response_class(request: Any, service: str, rpc: str) -> type:
-    """The response message class of `service`.`rpc`, from the proto descriptors."""
-    file = request.DESCRIPTOR.file
-    method = file.pool.FindServiceByName(f"{file.package}.{service}").methods_by_name[rpc]
-    return message_factory.GetMessageClass(method.output_type)
 
 
 def open_channel(address: str) -> grpc.aio.Channel:
