@@ -4,6 +4,7 @@ with the same statuses, token check and deadline; it is reachable from no gRPC p
 and a client falls back to gRPC where an app has no such route."""
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -66,6 +67,12 @@ class GrpcOnlyProbe(Doubler):
 def apps(serve_cluster):
     serve.run(RoutedProbe.bind(), name=APP, route_prefix=f"/{APP}")
     serve.run(GrpcOnlyProbe.bind(), name=PLAIN_APP, route_prefix=f"/{PLAIN_APP}")
+    # Serve publishes a replica's direct-ingress port a controller loop or two after the
+    # app is running; the route assertions below are about a client that knows it.
+    deadline_s = time.monotonic() + 30
+    while not all(direct_grpc_target(app) for app in (APP, PLAIN_APP)):
+        assert time.monotonic() < deadline_s, "Serve published no direct route in 30 s"
+        time.sleep(0.2)
     yield serve_cluster
     serve.delete(APP)
     serve.delete(PLAIN_APP)
