@@ -18,7 +18,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.tiny_sequences import build_model, make_batch, start_cluster, timed
+from benchmarks.tiny_sequences import (
+    add_sequence_args,
+    build_model,
+    make_batch,
+    start_cluster,
+    timed,
+)
 from rlserve.core.codec import batch_to_proto
 from rlserve.core.rpc import call_metadata
 from rlserve.core.serving import deadline_metadata
@@ -29,12 +35,7 @@ TIMEOUT_S = 600.0
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--response-len", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads-per-worker", type=int, default=1)
+    add_sequence_args(parser)
     args = parser.parse_args()
 
     from ray import serve
@@ -42,7 +43,7 @@ def main() -> None:
     from rlserve.critic.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
-    vocab_size = build_model(work / "model")
+    vocab_size = len(build_model(work / "model"))
     grpc_port = start_cluster(work)
     config = {
         "model_path": str(work / "model"),

@@ -33,23 +33,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.tiny_sequences import bench_sampling, build_model, start_cluster
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
-from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows
-from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.core.rpc import call_metadata
 from rlserve.v1 import rollout_pb2, rollout_pb2_grpc
 
 APP = "rollout-bench"
-
-
-def build_model(directory: Path) -> None:
-    tokenizer = save_char_tokenizer(directory)
-    model = build_tiny_llama(
-        tokenizer, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256, seed=0
-    )
-    save_model(model, directory)
 
 
 def prompt_batch(model_dir: Path, count: int) -> Batch:
@@ -92,7 +83,6 @@ def main() -> None:
     import grpc
     from ray import serve
 
-    from benchmarks.tiny_sequences import start_cluster
     from rlserve.rollout.app import build_app
 
     work = Path(tempfile.mkdtemp(prefix="rlbench"))
@@ -205,7 +195,6 @@ def main() -> None:
 
 def direct_generation(model_dir: Path, prompts: Batch, args) -> dict[str, float]:
     """The same generation with the engine called in this process (no service)."""
-    from rlserve.rollout.generation import SamplingSettings
     from rlserve.rollout.worker import make_generation_engine
 
     torch.set_num_threads(args.threads)
@@ -214,16 +203,7 @@ def direct_generation(model_dir: Path, prompts: Batch, args) -> dict[str, float]
         ids[mask.bool()].tolist()
         for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"], strict=True)
     ]
-    sampling = SamplingSettings(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=args.max_new_tokens,
-        responses_per_prompt=args.responses_per_prompt,
-        seed=0,
-        ignore_eos=True,
-        return_log_probs=False,
-    )
+    sampling = bench_sampling(args.max_new_tokens, args.responses_per_prompt)
     seconds, generated = timed(lambda: engine.generate(prompt_ids, sampling), args.repeats)
     tokens = sum(len(ids) for ids in generated.response_ids)
     return {"s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}

@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 
-from rlserve.core.embedded.model import build_tiny_llama, save_model
+from benchmarks.tiny_sequences import bench_sampling, build_model
 from rlserve.core.embedded.task import addition_rows
-from rlserve.core.embedded.tokenizer import save_char_tokenizer
 from rlserve.rollout.generation import SamplingSettings
 
 
@@ -127,24 +126,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="vllm_bench") as directory:
         model_dir = Path(directory)
-        tokenizer = save_char_tokenizer(model_dir)
-        # The embedded default's shape (head size 32, which vLLM's CPU attention supports).
-        model = build_tiny_llama(
-            tokenizer, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256, seed=0
-        )
-        save_model(model, model_dir)
+        tokenizer = build_model(model_dir)
         rows, _ = addition_rows(operand_max=99, train_pairs=args.prompts, eval_pairs=0, seed=0)
         prompts = [tokenizer(row["prompt"])["input_ids"] for row in rows]
-        sampling = SamplingSettings(
-            temperature=1.0,
-            top_p=1.0,
-            top_k=-1,
-            max_new_tokens=args.max_new_tokens,
-            responses_per_prompt=args.responses_per_prompt,
-            seed=0,
-            ignore_eos=True,
-            return_log_probs=False,
-        )
+        sampling = bench_sampling(args.max_new_tokens, args.responses_per_prompt)
         samples = args.prompts * args.responses_per_prompt
         print(
             f"tiny Llama (hidden 128, 4 layers, 4 heads, fp32), {args.prompts} prompts × "

@@ -1,10 +1,13 @@
 """What the per-service benchmarks share: a private local Ray with Serve, the embedded
-default's tiny Llama on disk, a batch of random prompt ‖ response sequences, a timer."""
+default's tiny Llama on disk, a batch of random prompt ‖ response sequences and the
+arguments that size it, the sampling they generate with, a timer."""
 
+import argparse
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,15 +25,43 @@ def start_cluster(work: Path, num_cpus: int = 8) -> int:
     return start_serve_on_a_free_port()
 
 
-def build_model(directory: Path) -> int:
-    """Saves the embedded default's tiny Llama (hidden 128, 4 layers) and its character
-    tokenizer in `directory`; returns the vocabulary size."""
+def build_model(directory: Path) -> Any:
+    """Saves the embedded default's tiny Llama (hidden 128, 4 layers, head size 32, which
+    vLLM's CPU attention supports) and its character tokenizer in `directory`; returns
+    the tokenizer."""
     from rlserve.core.embedded.model import build_tiny_llama, save_model
     from rlserve.core.embedded.tokenizer import save_char_tokenizer
 
     tokenizer = save_char_tokenizer(directory)
     save_model(build_tiny_llama(tokenizer), directory)
-    return len(tokenizer)
+    return tokenizer
+
+
+def add_sequence_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a benchmark over `make_batch` sequences on a deployed service."""
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--response-len", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+
+
+def bench_sampling(max_new_tokens: int, responses_per_prompt: int) -> Any:
+    """The rollout benchmarks' sampling: plain temperature 1, every response
+    `max_new_tokens` long (EOS ignored), seed 0."""
+    from rlserve.rollout.generation import SamplingSettings
+
+    return SamplingSettings(
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=max_new_tokens,
+        responses_per_prompt=responses_per_prompt,
+        seed=0,
+        ignore_eos=True,
+        return_log_probs=False,
+    )
 
 
 def make_batch(rows: int, prompt_len: int, response_len: int, vocab_size: int) -> Batch:
