@@ -229,8 +229,11 @@ def test_rollout_correction_asks_the_engine_and_weights_the_advantages(tokenizer
     mask = sent["response_mask"]
     # π_old/π_rollout = e^(−0.5 + 0.6) on every token, below the cap
     weight = math.exp(POLICY_LOG_PROB - ENGINE_LOG_PROB)
-    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    expected = grpo_advantages(scores, torch.tensor([0, 0, 1, 1]), mask) * weight
+    # each response's score on its first token (GRPO scores a row by its token rewards' sum)
+    token_rewards = torch.zeros(mask.shape)
+    token_rewards[:, 0] = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    advantages, _ = grpo_advantages(token_rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))
+    expected = advantages * weight
     torch.testing.assert_close(sent["advantages"], expected)
     assert metrics["rollout_is/is_weight_mean"] == pytest.approx(weight)
     assert metrics["rollout_is/mismatch_kl"] == pytest.approx(-0.1)

@@ -28,6 +28,32 @@ from rlserve.core.algos.advantages import (
 )
 
 
+def by_score(estimator, scores, group_ids, mask, **knobs):
+    """An outcome estimator's advantages for one score per row, as the cases below are
+    stated: each score stands on its row's first response token (the estimator scores a
+    row by the masked sum of its token rewards)."""
+    if not mask.bool().any(dim=1).all():
+        raise ValueError("each row needs a response token to carry its score")
+    rewards = torch.zeros(mask.shape, dtype=scores.dtype)
+    rewards[torch.arange(len(scores)), mask.bool().int().argmax(dim=1)] = scores
+    advantages, _ = estimator(rewards, mask, group_ids=group_ids, **knobs)
+    return advantages
+
+
+def gdpo(components, weights, group_ids, mask, **knobs):
+    """GDPO's advantages for the reward kinds ``components`` (it reads no token reward)."""
+    unread = torch.zeros(mask.shape, dtype=components.dtype)
+    advantages, _ = gdpo_advantages(
+        unread,
+        mask,
+        reward_components=components,
+        component_weights=weights,
+        group_ids=group_ids,
+        **knobs,
+    )
+    return advantages
+
+
 def ref_gae(rewards, values, mask, gamma, lam):
     """Obvious GAE: drop invalid tokens, run the textbook recursion, scatter back."""
     batch, length = len(rewards), len(rewards[0])
@@ -51,7 +77,7 @@ def test_gae_by_hand(close):
     values = torch.tensor([[0.5, 0.6, 0.7]])
     mask = torch.ones(1, 3)
     adv, ret = compute_gae_advantages_returns(
-        rewards, values, mask, gamma=0.9, lam=0.8, whiten_advantages=False
+        rewards, mask, values=values, gamma=0.9, lam=0.8, whiten_advantages=False
     )
     # t=2: δ = 1 + 0 - 0.7 = 0.3;              A2 = 0.3
     # t=1: δ = 0 + 0.9*0.7 - 0.6 = 0.03;       A1 = 0.03 + 0.72*0.3 = 0.246
@@ -67,7 +93,7 @@ def test_gae_skips_gaps_by_hand(close):
     values = torch.tensor([[0.5, 99.0, 0.7, float("nan")]])
     mask = torch.tensor([[1, 0, 1, 0]])
     adv, ret = compute_gae_advantages_returns(
-        rewards, values, mask, gamma=0.9, lam=0.8, whiten_advantages=False
+        rewards, mask, values=values, gamma=0.9, lam=0.8, whiten_advantages=False
     )
     # t=2: A = 1 - 0.7 = 0.3 (next valid token: none)
     # t=0: next valid value is V2 = 0.7: δ = 0.9*0.7 - 0.5 = 0.13; A = 0.13 + 0.72*0.3 = 0.346
@@ -81,13 +107,15 @@ def test_gae_matches_loop(all_masks, ref_whiten):
         values = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
         gamma, lam = [(1.0, 0.95), (0.99, 1.0), (0.9, 0.0)][seed]
         adv, ret = compute_gae_advantages_returns(
-            rewards, values, mask, gamma, lam, whiten_advantages=False
+            rewards, mask, values=values, gamma=gamma, lam=lam, whiten_advantages=False
         )
         ref_adv, ref_ret = ref_gae(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam)
         msg = f"seed={seed} kind={kind}"
         torch.testing.assert_close(adv, torch.tensor(ref_adv, dtype=torch.float64), msg=msg)
         torch.testing.assert_close(ret, torch.tensor(ref_ret, dtype=torch.float64), msg=msg)
-        white, ret2 = compute_gae_advantages_returns(rewards, values, mask, gamma, lam)
+        white, ret2 = compute_gae_advantages_returns(
+            rewards, mask, values=values, gamma=gamma, lam=lam
+        )
         torch.testing.assert_close(
             white, torch.tensor(ref_whiten(ref_adv, mask.tolist()), dtype=torch.float64), msg=msg
         )
@@ -96,20 +124,24 @@ def test_gae_matches_loop(all_masks, ref_whiten):
 
 def test_gae_carries_no_grad():
     values = torch.randn(2, 3, requires_grad=True)
-    adv, ret = compute_gae_advantages_returns(torch.randn(2, 3), values, torch.ones(2, 3), 1.0, 1.0)
+    adv, ret = compute_gae_advantages_returns(
+        torch.randn(2, 3), torch.ones(2, 3), values=values, gamma=1.0, lam=1.0
+    )
     assert not adv.requires_grad and not ret.requires_grad
 
 
 def test_gae_errors():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got 1.5"):
-        compute_gae_advantages_returns(x, x, x, gamma=1.5, lam=0.9)
+        compute_gae_advantages_returns(x, x, values=x, gamma=1.5, lam=0.9)
     with pytest.raises(ValueError, match=r"lam must be in \[0, 1\], got -0.1"):
-        compute_gae_advantages_returns(x, x, x, gamma=1.0, lam=-0.1)
+        compute_gae_advantages_returns(x, x, values=x, gamma=1.0, lam=-0.1)
     with pytest.raises(ValueError, match="values has shape"):
-        compute_gae_advantages_returns(x, torch.zeros(2, 4), x, gamma=1.0, lam=1.0)
+        compute_gae_advantages_returns(x, x, values=torch.zeros(2, 4), gamma=1.0, lam=1.0)
     with pytest.raises(ValueError, match=r"token_rewards must have shape \(B, T\)"):
-        compute_gae_advantages_returns(torch.zeros(3), torch.zeros(3), torch.ones(3), 1.0, 1.0)
+        compute_gae_advantages_returns(
+            torch.zeros(3), torch.ones(3), values=torch.zeros(3), gamma=1.0, lam=1.0
+        )
 
 
 def ref_groups(scores, group_ids):
@@ -166,19 +198,22 @@ def test_grpo_by_hand(close):
     scores = torch.tensor([1.0, 0.0, 1.0, 0.5])
     group_ids = torch.tensor([7, 7, 7, 3])
     mask = torch.tensor([[1, 1], [1, 0], [0, 1], [1, 1]])
-    adv = grpo_advantages(scores, group_ids, mask, eps=0.0)
+    adv = by_score(grpo_advantages, scores, group_ids, mask, eps=0.0)
     # group 7: mean 2/3, deviations (1/3, -2/3, 1/3), unbiased var (1/9+4/9+1/9)/2 = 1/3
     # std = 0.57735 -> (0.57735, -1.1547, 0.57735); group 3 is a singleton -> 0
     s = 1 / math.sqrt(3)
     close(adv, [[s, s], [-2 * s, 0.0], [0.0, s], [0.0, 0.0]], atol=1e-5)
     # without std: (1/3, -2/3, 1/3), singleton 0
-    adv = grpo_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=False)
+    adv = by_score(grpo_advantages, scores, group_ids, mask, norm_adv_by_std_in_grpo=False)
     close(adv, [[1 / 3, 1 / 3], [-2 / 3, 0.0], [0.0, 1 / 3], [0.0, 0.0]])
 
 
 def test_grpo_equal_scores_give_zero_not_nan(close):
-    adv = grpo_advantages(
-        torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3, dtype=torch.long), torch.ones(3, 2)
+    adv = by_score(
+        grpo_advantages,
+        torch.tensor([1.0, 1.0, 1.0]),
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3, 2),
     )
     close(adv, torch.zeros(3, 2))
 
@@ -187,7 +222,7 @@ def test_grpo_matches_loop(random_group_batch):
     for seed in range(6):
         scores, group_ids, mask = random_group_batch(seed)
         for norm in (True, False):
-            adv = grpo_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=norm)
+            adv = by_score(grpo_advantages, scores, group_ids, mask, norm_adv_by_std_in_grpo=norm)
             expected = spread(ref_grpo(scores.tolist(), group_ids.tolist(), norm), mask.tolist())
             torch.testing.assert_close(
                 adv, torch.tensor(expected, dtype=torch.float64), msg=f"{seed} {norm}"
@@ -199,13 +234,16 @@ def test_rloo_by_hand(close):
     group_ids = torch.tensor([7, 7, 7, 3])
     mask = torch.ones(4, 2)
     # 1 - mean(0, 1) = 0.5; 0 - mean(1, 1) = -1; 1 - mean(1, 0) = 0.5; singleton -> 0
-    close(rloo_advantages(scores, group_ids, mask), [[0.5] * 2, [-1.0] * 2, [0.5] * 2, [0.0] * 2])
+    close(
+        by_score(rloo_advantages, scores, group_ids, mask),
+        [[0.5] * 2, [-1.0] * 2, [0.5] * 2, [0.0] * 2],
+    )
 
 
 def test_rloo_matches_loop(random_group_batch):
     for seed in range(6):
         scores, group_ids, mask = random_group_batch(seed)
-        adv = rloo_advantages(scores, group_ids, mask)
+        adv = by_score(rloo_advantages, scores, group_ids, mask)
         expected = spread(ref_rloo(scores.tolist(), group_ids.tolist()), mask.tolist())
         torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64), msg=str(seed))
 
@@ -218,7 +256,11 @@ def test_reinforce_plus_plus_baseline_by_hand(close):
     # mean 0.1; deviations 0.4, 0.4, -0.6, -0.1, -0.1; unbiased var (0.16*2+0.36+0.02)/4 = 0.175
     sd = math.sqrt(0.175)
     expected = [[0.4 / sd, 0.4 / sd], [-0.6 / sd, 0.0], [-0.1 / sd, -0.1 / sd]]
-    close(reinforce_plus_plus_baseline_advantages(scores, group_ids, mask), expected, atol=1e-5)
+    close(
+        by_score(reinforce_plus_plus_baseline_advantages, scores, group_ids, mask),
+        expected,
+        atol=1e-5,
+    )
 
 
 def test_reinforce_plus_plus_baseline_matches_loop(ref_whiten, random_group_batch):
@@ -226,23 +268,25 @@ def test_reinforce_plus_plus_baseline_matches_loop(ref_whiten, random_group_batc
         scores, group_ids, mask = random_group_batch(seed)
         if seed % 2 == 0:
             scores += torch.arange(scores.numel(), dtype=torch.float64)  # avoid all-zero
-        adv = reinforce_plus_plus_baseline_advantages(scores, group_ids, mask)
+        adv = by_score(reinforce_plus_plus_baseline_advantages, scores, group_ids, mask)
         centred = spread(ref_group_centred(scores.tolist(), group_ids.tolist()), mask.tolist())
         expected = ref_whiten(centred, mask.tolist())
         torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64), msg=str(seed))
 
 
 def test_outcome_advantage_errors():
-    mask = torch.ones(3, 2)
+    rewards, mask = torch.zeros(3, 2), torch.ones(3, 2)
     with pytest.raises(ValueError, match="group_ids must be an integer tensor"):
-        grpo_advantages(torch.zeros(3), torch.zeros(3), mask)
+        grpo_advantages(rewards, mask, group_ids=torch.zeros(3))
     with pytest.raises(ValueError, match="group_ids has shape"):
-        rloo_advantages(torch.zeros(3), torch.zeros(2, dtype=torch.long), mask)
-    with pytest.raises(ValueError, match=r"scores must have shape \(B,\)"):
-        grpo_advantages(torch.zeros(3, 1), torch.zeros(3, 1, dtype=torch.long), mask)
-    with pytest.raises(ValueError, match="response_mask has 2 rows but scores has 3"):
+        rloo_advantages(rewards, mask, group_ids=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token_rewards must have shape \(B, T\)"):
+        grpo_advantages(torch.zeros(3), mask, group_ids=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(
+        ValueError, match=r"response_mask has shape \(2, 2\) but token_rewards has shape \(3, 2\)"
+    ):
         reinforce_plus_plus_baseline_advantages(
-            torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.ones(2, 2)
+            rewards, torch.ones(2, 2), group_ids=torch.zeros(3, dtype=torch.long)
         )
 
 
@@ -253,22 +297,28 @@ def test_singleton_groups_score_by_hand(close, ref_whiten):
     # the singleton keeps its raw score 0.5; the pair gets its usual advantages
     s = 1 / math.sqrt(0.5)  # GRPO: deviations ±0.5, unbiased std sqrt(0.5)
     close(
-        grpo_advantages(scores, group_ids, mask, eps=0.0, singleton_groups="score"),
+        by_score(grpo_advantages, scores, group_ids, mask, eps=0.0, singleton_groups="score"),
         [[0.5 * s], [-0.5 * s], [0.5]],
     )
     close(
-        rloo_advantages(scores, group_ids, mask, singleton_groups="score"),
+        by_score(rloo_advantages, scores, group_ids, mask, singleton_groups="score"),
         [[1.0], [-1.0], [0.5]],
     )
     # REINFORCE++-baseline: centred (0.5, -0.5, 0.5): mean 1/6, whitened
     centred = [0.5, -0.5, 0.5]
     expected = ref_whiten([[c] for c in centred], [[True]] * 3)
     close(
-        reinforce_plus_plus_baseline_advantages(scores, group_ids, mask, singleton_groups="score"),
+        by_score(
+            reinforce_plus_plus_baseline_advantages,
+            scores,
+            group_ids,
+            mask,
+            singleton_groups="score",
+        ),
         expected,
     )
     with pytest.raises(ValueError, match="valid choices: zero, score"):
-        grpo_advantages(scores, group_ids, mask, singleton_groups="raw")
+        by_score(grpo_advantages, scores, group_ids, mask, singleton_groups="raw")
 
 
 def test_singleton_groups_match_loop(ref_whiten, random_group_batch):
@@ -280,14 +330,19 @@ def test_singleton_groups_match_loop(ref_whiten, random_group_batch):
         for norm in (True, False):
             expected = ref_grpo(s, g, norm)
             expected = [s[i] if i in singles else a for i, a in enumerate(expected)]
-            adv = grpo_advantages(
-                scores, group_ids, mask, norm_adv_by_std_in_grpo=norm, singleton_groups="score"
+            adv = by_score(
+                grpo_advantages,
+                scores,
+                group_ids,
+                mask,
+                norm_adv_by_std_in_grpo=norm,
+                singleton_groups="score",
             )
             torch.testing.assert_close(
                 adv, torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64)
             )
         expected = [s[i] if i in singles else a for i, a in enumerate(ref_rloo(s, g))]
-        adv = rloo_advantages(scores, group_ids, mask, singleton_groups="score")
+        adv = by_score(rloo_advantages, scores, group_ids, mask, singleton_groups="score")
         torch.testing.assert_close(
             adv, torch.tensor(spread(expected, mask.tolist()), dtype=torch.float64)
         )
@@ -296,8 +351,12 @@ def test_singleton_groups_match_loop(ref_whiten, random_group_batch):
         centred = ref_group_centred(s, g)
         centred = [s[i] if i in singles else c for i, c in enumerate(centred)]
         expected = ref_whiten(spread(centred, mask.tolist()), mask.tolist())
-        adv = reinforce_plus_plus_baseline_advantages(
-            scores, group_ids, mask, singleton_groups="score"
+        adv = by_score(
+            reinforce_plus_plus_baseline_advantages,
+            scores,
+            group_ids,
+            mask,
+            singleton_groups="score",
         )
         torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64), msg=str(seed))
 
@@ -322,10 +381,10 @@ def test_opo_by_hand(close):
     # group 7: b = (2·1 + 1·0 + 1·1) / (2 + 1 + 1) = 0.75 -> A = (0.25, -0.75, 0.25)
     # group 3 is a singleton: 0, or its score 0.5 under "score"
     close(
-        opo_advantages(scores, group_ids, mask),
+        by_score(opo_advantages, scores, group_ids, mask),
         [[0.25, 0.25, 0.0], [-0.75, 0.0, 0.0], [0.0, 0.0, 0.25], [0.0, 0.0, 0.0]],
     )
-    adv = opo_advantages(scores, group_ids, mask, singleton_groups="score")
+    adv = by_score(opo_advantages, scores, group_ids, mask, singleton_groups="score")
     close(adv[3], [0.5, 0.5, 0.5])
 
 
@@ -334,7 +393,7 @@ def test_opo_matches_loop(random_group_batch):
         scores, group_ids, mask = random_group_batch(seed)
         lengths = [sum(row) for row in mask.tolist()]
         for singleton in SINGLETON_GROUP_CHOICES:
-            adv = opo_advantages(scores, group_ids, mask, singleton_groups=singleton)
+            adv = by_score(opo_advantages, scores, group_ids, mask, singleton_groups=singleton)
             expected = ref_opo(scores.tolist(), group_ids.tolist(), lengths, singleton)
             torch.testing.assert_close(
                 adv,
@@ -369,15 +428,15 @@ def test_gpg_by_hand(close):
     mask = torch.ones(5, 1)
     # group 1: (0.5, -0.5); group 2 all equal -> 0; group 3 singleton -> 0
     # B = 5, M = 2 + 1 = 3 -> α = 5 / 2
-    close(gpg_advantages(scores, group_ids, mask), [[1.25], [-1.25], [0.0], [0.0], [0.0]])
+    close(by_score(gpg_advantages, scores, group_ids, mask), [[1.25], [-1.25], [0.0], [0.0], [0.0]])
     # "score": the singleton keeps 0.3 and is valid: M = 2, α = 5 / 3
     close(
-        gpg_advantages(scores, group_ids, mask, singleton_groups="score"),
+        by_score(gpg_advantages, scores, group_ids, mask, singleton_groups="score"),
         [[0.5 * 5 / 3], [-0.5 * 5 / 3], [0.0], [0.0], [0.3 * 5 / 3]],
     )
     # every group degenerate: all advantages 0 (α's divisor clamped, no division by 0)
     close(
-        gpg_advantages(torch.ones(4), torch.tensor([0, 0, 1, 1]), torch.ones(4, 1)),
+        by_score(gpg_advantages, torch.ones(4), torch.tensor([0, 0, 1, 1]), torch.ones(4, 1)),
         torch.zeros(4, 1),
     )
 
@@ -386,7 +445,7 @@ def test_gpg_matches_loop(random_group_batch):
     for seed in range(6):
         scores, group_ids, mask = random_group_batch(seed)
         for singleton in SINGLETON_GROUP_CHOICES:
-            adv = gpg_advantages(scores, group_ids, mask, singleton_groups=singleton)
+            adv = by_score(gpg_advantages, scores, group_ids, mask, singleton_groups=singleton)
             expected = ref_gpg(scores.tolist(), group_ids.tolist(), singleton)
             torch.testing.assert_close(
                 adv,
@@ -432,7 +491,7 @@ def test_reinforce_plus_plus_matches_loop(all_masks, ref_whiten):
     for seed, kind, gen, mask in all_masks():
         rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
         gamma = (1.0, 0.9, 0.5)[seed]
-        adv, ret = reinforce_plus_plus_advantages(rewards, mask, gamma)
+        adv, ret = reinforce_plus_plus_advantages(rewards, mask, gamma=gamma)
         expected = ref_discounted_returns(rewards.tolist(), mask.tolist(), gamma)
         msg = f"seed={seed} kind={kind}"
         torch.testing.assert_close(ret, torch.tensor(expected, dtype=torch.float64), msg=msg)
@@ -467,14 +526,14 @@ def test_grpo_passk_by_hand(close):
     # group 9: tie at 1.0 -> row 3 is the best, gap 0; group 2 is a singleton -> 0
     # (a tied best group has std 0 too when all its scores are equal: eps keeps it 0)
     close(
-        grpo_passk_advantages(scores, group_ids, mask),
+        by_score(grpo_passk_advantages, scores, group_ids, mask),
         [[1.0], [0.0], [0.0], [0.0], [0.0], [0.0]],
     )
     close(
-        grpo_passk_advantages(scores, group_ids, mask, norm_adv_by_std_in_grpo=False),
+        by_score(grpo_passk_advantages, scores, group_ids, mask, norm_adv_by_std_in_grpo=False),
         [[0.5], [0.0], [0.0], [0.0], [0.0], [0.0]],
     )
-    adv = grpo_passk_advantages(scores, group_ids, mask, singleton_groups="score")
+    adv = by_score(grpo_passk_advantages, scores, group_ids, mask, singleton_groups="score")
     close(adv[5], [0.3])
 
 
@@ -483,7 +542,8 @@ def test_grpo_passk_matches_loop(random_group_batch):
         scores, group_ids, mask = random_group_batch(seed)
         for norm in (True, False):
             for singleton in SINGLETON_GROUP_CHOICES:
-                adv = grpo_passk_advantages(
+                adv = by_score(
+                    grpo_passk_advantages,
                     scores,
                     group_ids,
                     mask,
@@ -510,9 +570,9 @@ def test_gdpo_by_hand(close):
     mean = sum(combined) / 4
     std = math.sqrt(sum((c - mean) ** 2 for c in combined) / 3)
     expected = [[(c - mean) / math.sqrt(std**2 + 1e-8)] for c in combined]
-    close(gdpo_advantages(components, weights, group_ids, mask, eps=0.0), expected)
+    close(gdpo(components, weights, group_ids, mask, eps=0.0), expected)
     with pytest.raises(ValueError, match="component_weights"):
-        gdpo_advantages(components, torch.ones(3), group_ids, mask)
+        gdpo(components, torch.ones(3), group_ids, mask)
 
 
 def test_gdpo_matches_loop(ref_whiten, random_group_batch):
@@ -536,7 +596,7 @@ def test_gdpo_matches_loop(ref_whiten, random_group_batch):
                     c + float(weights[k]) * a for c, a in zip(combined, per_kind, strict=True)
                 ]
             expected = ref_whiten(spread(combined, mask.tolist()), mask.tolist())
-            adv = gdpo_advantages(components, weights, group_ids, mask, singleton_groups=singleton)
+            adv = gdpo(components, weights, group_ids, mask, singleton_groups=singleton)
             torch.testing.assert_close(
                 adv, torch.tensor(expected, dtype=torch.float64), msg=f"{seed} {singleton}"
             )
@@ -546,12 +606,12 @@ def test_remax_by_hand(close):
     rewards = torch.tensor([[0.1, 0.0, 1.0], [0.0, 0.5, 0.0]])
     mask = torch.tensor([[1, 0, 1], [1, 1, 0]])  # a gap in row 0, right padding in row 1
     baseline = torch.tensor([0.25, 1.0])
-    adv, returns = remax_advantages(rewards, baseline, mask)
+    adv, returns = remax_advantages(rewards, mask, baseline_scores=baseline)
     # row 0 returns-to-go: 0.1 + 1.0 = 1.1 at t0, 1.0 at t2; row 1: 0.5, 0.5
     close(returns, [[1.1, 0.0, 1.0], [0.5, 0.5, 0.0]])
     close(adv, [[0.85, 0.0, 0.75], [-0.5, -0.5, 0.0]])
     with pytest.raises(ValueError, match="baseline_scores"):
-        remax_advantages(rewards, torch.ones(3), mask)
+        remax_advantages(rewards, mask, baseline_scores=torch.ones(3))
 
 
 def test_remax_matches_loop(all_masks):
@@ -559,7 +619,7 @@ def test_remax_matches_loop(all_masks):
         rewards = torch.randn(mask.shape, generator=gen, dtype=torch.float64)
         rewards[~mask] = float("nan")
         baseline = torch.randn(mask.shape[0], generator=gen, dtype=torch.float64)
-        adv, returns = remax_advantages(rewards, baseline, mask)
+        adv, returns = remax_advantages(rewards, mask, baseline_scores=baseline)
         exp_adv, exp_ret = [], []
         for row, mrow, b in zip(rewards.tolist(), mask.tolist(), baseline.tolist(), strict=True):
             running, ret_row = 0.0, [0.0] * len(row)
@@ -613,14 +673,25 @@ def test_optimal_token_baseline_by_hand(close):
     old = torch.log(torch.tensor([[0.5], [0.25]]))
     squares = torch.tensor([[0.5], [0.25]])
     adv, returns = optimal_token_baseline_advantages(
-        rewards, mask, torch.tensor([3, 3]), old, squares, eps=0.0
+        rewards,
+        mask,
+        group_ids=torch.tensor([3, 3]),
+        old_log_probs=old,
+        sum_pi_squared=squares,
+        eps=0.0,
     )
     # B = (1·0.5 + 0·0.75) / 1.25 = 0.4
     close(adv, [[0.6], [-0.4]])
     close(returns, [[1.0], [0.0]])
     # importance weights 2 and 1 scale W by w²: W = 2 and 0.75 -> B = 2 / 2.75
     adv, _ = optimal_token_baseline_advantages(
-        rewards, mask, torch.tensor([3, 3]), old, squares, torch.tensor([[2.0], [1.0]]), eps=0.0
+        rewards,
+        mask,
+        group_ids=torch.tensor([3, 3]),
+        old_log_probs=old,
+        sum_pi_squared=squares,
+        token_weights=torch.tensor([[2.0], [1.0]]),
+        eps=0.0,
     )
     close(adv, [[1 - 2 / 2.75], [-2 / 2.75]])
 
@@ -638,7 +709,13 @@ def test_optimal_token_baseline_matches_loop(random_group_batch):
         for token_weights in (None, weights):
             for singleton in SINGLETON_GROUP_CHOICES:
                 adv, returns = optimal_token_baseline_advantages(
-                    rewards, mask, group_ids, old, squares, token_weights, singleton
+                    rewards,
+                    mask,
+                    group_ids=group_ids,
+                    old_log_probs=old,
+                    sum_pi_squared=squares,
+                    token_weights=token_weights,
+                    singleton_groups=singleton,
                 )
                 exp_adv, exp_ret = ref_otb(
                     rewards.tolist(),

@@ -11,7 +11,7 @@ here:
   KL loss.
 - ``advantages``: advantage estimators (GAE, GRPO, RLOO, REINFORCE++, OPO, GPG, GRPO
   pass@k, GDPO, ReMax, optimal token baseline); ``advantage_registry``: them by config
-  name, with the inputs each needs.
+  name, with the inputs each needs and reads.
 - ``rollout_correction``: truncated importance weights against the rollout engine's
   log-probs.
 - ``aggregation``: entropy, loss aggregation and its mini-batch normalisation.
@@ -62,6 +62,11 @@ Design choices:
   :func:`aggregation.aggregate_loss`).
 """
 
-# The policy losses register themselves where they are defined; importing their modules
-# here fills the registry before anything reads it.
-from rlserve.core.algos import covariance_losses, dppo_losses, policy_losses  # noqa: F401
+# The advantage estimators and the policy losses register themselves where they are
+# defined; importing their modules here fills the registries before anything reads them.
+from rlserve.core.algos import (  # noqa: F401
+    advantages,
+    covariance_losses,
+    dppo_losses,
+    policy_losses,
+)

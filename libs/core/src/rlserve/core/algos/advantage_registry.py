@@ -1,35 +1,27 @@
 """Advantage estimators by config name (``algorithm.adv_estimator``): one registry,
-filled by :func:`register_estimator` on each entry, which also records the entry's note
-and the inputs it needs.
+filled by :func:`register_estimator` on each estimator function, which also records the
+estimator's note and the inputs it needs.
 
-Each entry adapts one function of :mod:`rlserve.core.algos.advantages` to the uniform
-:data:`AdvantageEstimator` signature. The run config and the trainer ask
-:func:`estimator_needs` which services and requests a run needs. The entries are
-registered in the order ``rlserve config --describe`` lists them.
+An estimator's keyword parameters are the :class:`EstimatorInputs` fields it reads,
+named as the fields are (``values``, ``group_ids``, ``gamma``, ``singleton_groups``,
+...): the registered entry takes the inputs as one object and hands each estimator the
+fields its signature names, so a new input is a field and a parameter of the same name,
+and nothing in between. The run config and the trainer ask :func:`estimator_needs`
+which services and requests a run needs. The estimators register when
+``rlserve.core.algos`` is imported (its ``__init__`` imports
+:mod:`rlserve.core.algos.advantages`), in the order ``rlserve config --describe`` lists
+them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
 
 from torch import Tensor
 
-from rlserve.core.algos.advantages import (
-    compute_gae_advantages_returns,
-    gdpo_advantages,
-    gpg_advantages,
-    grpo_advantages,
-    grpo_passk_advantages,
-    opo_advantages,
-    optimal_token_baseline_advantages,
-    reinforce_plus_plus_advantages,
-    reinforce_plus_plus_baseline_advantages,
-    remax_advantages,
-    rloo_advantages,
-)
-from rlserve.core.algos.masked import masked_sum
-from rlserve.core.algos.notes import AlgorithmNote, Registry
+from rlserve.core.algos.notes import AlgorithmNote, Registry, RegistryNotes
 
 
 @dataclass(frozen=True)
@@ -81,6 +73,10 @@ response_mask (B, T), inputs) -> (advantages, returns)``, each Shape: (B, T). Ou
 estimators use the masked sum of the token rewards per sequence as its score and return
 the advantages as returns."""
 
+EstimatorFunction = Callable[..., tuple[Tensor, Tensor]]
+"""What :func:`register_estimator` decorates: ``(token_rewards, response_mask, *,
+<EstimatorInputs fields>) -> (advantages, returns)``."""
+
 
 @dataclass(frozen=True)
 class RegisteredEstimator:
@@ -92,267 +88,88 @@ class RegisteredEstimator:
     """The :class:`EstimatorInputs` tensors it requires (see :func:`estimator_needs`)."""
     note: AlgorithmNote
     """What it computes, in one line, and its paper."""
+    reads: tuple[str, ...]
+    """The :class:`EstimatorInputs` fields it reads (its keyword parameters of those
+    names), ``needs`` among them."""
 
 
 ADVANTAGE_ESTIMATORS: Registry[RegisteredEstimator] = Registry("advantage estimator")
 """Advantage estimators by config name (``algorithm.adv_estimator``)."""
 
+_INPUT_FIELDS = frozenset(field.name for field in fields(EstimatorInputs))
+
 
 def register_estimator(
     name: str, *, needs: Iterable[str], note: AlgorithmNote
-) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator: register the decorated function as estimator ``name``, which requires
-    the :class:`EstimatorInputs` tensors ``needs`` and is described by ``note``."""
+) -> Callable[[EstimatorFunction], EstimatorFunction]:
+    """Decorator: register the decorated function as estimator ``name``, behind the
+    uniform :data:`AdvantageEstimator` signature; it requires the :class:`EstimatorInputs`
+    tensors ``needs`` and is described by ``note``. The function itself is returned as it
+    is, to be called with its own keywords.
 
-    def register(estimator: AdvantageEstimator) -> AdvantageEstimator:
-        ADVANTAGE_ESTIMATORS.add(name, RegisteredEstimator(estimator, frozenset(needs), note))
+    Raises:
+        ValueError: If a need is not one of its keyword parameters, or a keyword
+            parameter without a default is no :class:`EstimatorInputs` field.
+    """
+
+    def register(estimator: EstimatorFunction) -> EstimatorFunction:
+        reads = estimator_fields(estimator)
+        required = frozenset(needs)
+        missing = required - set(reads)
+        if missing:
+            raise ValueError(
+                f"advantage estimator {name!r} needs {sorted(missing)} but takes no such "
+                "keyword parameter"
+            )
+        entry = RegisteredEstimator(
+            _uniform(name, estimator, required, reads), required, note, reads
+        )
+        ADVANTAGE_ESTIMATORS.add(name, entry)
         return estimator
 
     return register
 
 
-def _sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
-    """Outcome score per sequence = sum of its token rewards. (B, T) -> (B,)."""
-    return masked_sum(token_rewards, response_mask, dim=1)
+def estimator_fields(estimator: EstimatorFunction) -> tuple[str, ...]:
+    """The :class:`EstimatorInputs` fields ``estimator`` reads: its keyword-only
+    parameters of those names, in its signature's order (its other keyword parameters,
+    such as ``eps``, keep their defaults). ValueError for one without a default that no
+    field fills."""
+    reads = []
+    for parameter in inspect.signature(estimator).parameters.values():
+        if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue
+        if parameter.name in _INPUT_FIELDS:
+            reads.append(parameter.name)
+        elif parameter.default is inspect.Parameter.empty:
+            raise ValueError(
+                f"{estimator.__name__}'s keyword parameter {parameter.name!r} has no default "
+                "and is no EstimatorInputs field"
+            )
+    return tuple(reads)
 
 
-def _outcome_estimate(
-    name: str,
-    advantage_fn: Callable[..., Tensor],
-    token_rewards: Tensor,
-    response_mask: Tensor,
-    inputs: EstimatorInputs,
-    **knobs: bool,
-) -> tuple[Tensor, Tensor]:
-    """An outcome estimator of scores, groups and the singleton rule (and ``knobs``, the
-    std switch of those that divide by it); its advantages serve as returns too."""
-    advantages = advantage_fn(
-        _sequence_scores(token_rewards, response_mask),
-        inputs.require("group_ids", name),
-        response_mask,
-        singleton_groups=inputs.singleton_groups,
-        **knobs,
-    )
-    return advantages, advantages
+def _uniform(
+    name: str, estimator: EstimatorFunction, needs: frozenset[str], reads: tuple[str, ...]
+) -> AdvantageEstimator:
+    """``estimator`` behind the :data:`AdvantageEstimator` signature: the fields ``reads``
+    taken from the inputs, a needed tensor that is None a ValueError naming it (the first
+    one missing, in the signature's order)."""
+
+    def entry(
+        token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
+    ) -> tuple[Tensor, Tensor]:
+        given = {
+            field: inputs.require(field, name) if field in needs else getattr(inputs, field)
+            for field in reads
+        }
+        return estimator(token_rewards, response_mask, **given)
+
+    entry.__name__ = f"_{name}_estimator"
+    return entry
 
 
-_GROUP = frozenset({"group_ids"})
-
-
-@register_estimator(
-    "gae",
-    needs={"values"},
-    note=AlgorithmNote(
-        "GAE(γ, λ) over critic values per token; needs the critic",
-        'Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE", arXiv:1506.02438',
-    ),
-)
-def _gae_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return compute_gae_advantages_returns(
-        token_rewards,
-        inputs.require("values", "gae"),
-        response_mask,
-        inputs.gamma,
-        inputs.lam,
-        whiten_advantages=inputs.whiten_advantages,
-    )
-
-
-@register_estimator(
-    "grpo",
-    needs=_GROUP,
-    note=AlgorithmNote(
-        "score minus its prompt group's mean, over the group's std "
-        "(norm_adv_by_std_in_grpo=false: Dr. GRPO, Liu et al. 2025, arXiv:2503.20783)",
-        'Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300',
-    ),
-)
-def _grpo_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return _outcome_estimate(
-        "grpo",
-        grpo_advantages,
-        token_rewards,
-        response_mask,
-        inputs,
-        norm_adv_by_std_in_grpo=inputs.norm_adv_by_std_in_grpo,
-    )
-
-
-@register_estimator(
-    "rloo",
-    needs=_GROUP,
-    note=AlgorithmNote(
-        "score minus the mean score of the other responses to the same prompt",
-        'Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE", arXiv:2402.14740',
-    ),
-)
-def _rloo_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return _outcome_estimate("rloo", rloo_advantages, token_rewards, response_mask, inputs)
-
-
-@register_estimator(
-    "reinforce_plus_plus",
-    needs=(),
-    note=AlgorithmNote(
-        "discounted returns-to-go of the token rewards, whitened over the batch; no critic",
-        'Hu 2025, "REINFORCE++", arXiv:2501.03262',
-    ),
-)
-def _reinforce_plus_plus_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return reinforce_plus_plus_advantages(token_rewards, response_mask, inputs.gamma)
-
-
-@register_estimator(
-    "reinforce_plus_plus_baseline",
-    needs=_GROUP,
-    note=AlgorithmNote(
-        "score minus its group's mean, whitened over the batch's response tokens",
-        'Hu 2025, "REINFORCE++", arXiv:2501.03262',
-    ),
-)
-def _reinforce_plus_plus_baseline_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return _outcome_estimate(
-        "reinforce_plus_plus_baseline",
-        reinforce_plus_plus_baseline_advantages,
-        token_rewards,
-        response_mask,
-        inputs,
-    )
-
-
-@register_estimator(
-    "opo",
-    needs=_GROUP,
-    note=AlgorithmNote(
-        "score minus the response-length-weighted mean score of its group (optimal baseline)",
-        'Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585',
-    ),
-)
-def _opo_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return _outcome_estimate("opo", opo_advantages, token_rewards, response_mask, inputs)
-
-
-@register_estimator(
-    "gpg",
-    needs=_GROUP,
-    note=AlgorithmNote(
-        "score minus its group's mean, scaled by B/(B-M) (M: samples of all-equal groups); "
-        "pair with actor.policy_loss=reinforce",
-        'Chu et al. 2025, "GPG: A Simple and Strong RL Baseline for Model Reasoning", '
-        "arXiv:2504.02546",
-    ),
-)
-def _gpg_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return _outcome_estimate("gpg", gpg_advantages, token_rewards, response_mask, inputs)
-
-
-@register_estimator(
-    "grpo_passk",
-    needs=_GROUP,
-    note=AlgorithmNote(
-        "pass@k: only each group's best response gets a signal, its score minus the "
-        "runner-up's, over the group's std",
-        'Tang et al. 2025, "Optimizing Language Models for Inference Time Objectives using '
-        'RL", arXiv:2503.19595',
-    ),
-)
-def _grpo_passk_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return _outcome_estimate(
-        "grpo_passk",
-        grpo_passk_advantages,
-        token_rewards,
-        response_mask,
-        inputs,
-        norm_adv_by_std_in_grpo=inputs.norm_adv_by_std_in_grpo,
-    )
-
-
-@register_estimator(
-    "gdpo",
-    needs=_GROUP | {"reward_components", "component_weights"},
-    note=AlgorithmNote(
-        "each reward kind (the reward service's scores_<kind>) normalised within its "
-        "group, weighted sum, whitened over the batch",
-        'Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy '
-        'Optimization", arXiv:2601.05242',
-    ),
-)
-def _gdpo_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    # the token rewards' KL penalty is not a reward kind: GDPO reads the kinds' scores
-    del token_rewards
-    advantages = gdpo_advantages(
-        inputs.require("reward_components", "gdpo"),
-        inputs.require("component_weights", "gdpo"),
-        inputs.require("group_ids", "gdpo"),
-        response_mask,
-        singleton_groups=inputs.singleton_groups,
-    )
-    return advantages, advantages
-
-
-@register_estimator(
-    "remax",
-    needs={"baseline_scores"},
-    note=AlgorithmNote(
-        "return-to-go minus the score of the greedy response to the same prompt (one "
-        "extra greedy generation and reward call per prompt)",
-        'Li et al. 2024, "ReMax: A Simple, Effective, and Efficient RL Method", arXiv:2310.10505',
-    ),
-)
-def _remax_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    return remax_advantages(
-        token_rewards, inputs.require("baseline_scores", "remax"), response_mask
-    )
-
-
-@register_estimator(
-    "optimal_token_baseline",
-    needs=_GROUP | {"old_log_probs", "sum_pi_squared"},
-    note=AlgorithmNote(
-        "return-to-go minus a per-group, per-position baseline weighted by each path's "
-        "accumulated gradient variance (1 - 2π + Σπ²; asks the rollout for Σπ²)",
-        'Greensmith et al. 2004, "Variance Reduction Techniques for Gradient Estimates '
-        'in RL", JMLR 5; VeRL\'s "optimal_token_baseline"',
-    ),
-)
-def _optimal_token_baseline_estimator(
-    token_rewards: Tensor, response_mask: Tensor, inputs: EstimatorInputs
-) -> tuple[Tensor, Tensor]:
-    name = "optimal_token_baseline"
-    return optimal_token_baseline_advantages(
-        token_rewards,
-        response_mask,
-        inputs.require("group_ids", name),
-        inputs.require("old_log_probs", name),
-        inputs.require("sum_pi_squared", name),
-        token_weights=inputs.token_weights,
-        singleton_groups=inputs.singleton_groups,
-    )
-
-
-ADVANTAGE_ESTIMATOR_NOTES: dict[str, AlgorithmNote] = {
-    name: entry.note for name, entry in ADVANTAGE_ESTIMATORS.items()
-}
+ADVANTAGE_ESTIMATOR_NOTES: Mapping[str, AlgorithmNote] = RegistryNotes(ADVANTAGE_ESTIMATORS)
 """One line per advantage estimator, with its paper (the run config's choices)."""
 
 

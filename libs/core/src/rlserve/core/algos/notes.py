@@ -80,3 +80,26 @@ class Registry(Generic[EntryT]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
+
+
+class RegistryNotes(Mapping[str, AlgorithmNote]):
+    """The notes of a :class:`Registry`'s entries by name, in its order, read when asked:
+    the entries register where they are defined, after the registry's module has run.
+
+    Args:
+        registry: A registry whose entries carry a ``note``.
+    """
+
+    def __init__(self, registry: Registry[Any]) -> None:
+        self._registry = registry
+
+    def __getitem__(self, name: str) -> AlgorithmNote:
+        if name not in self._registry:
+            raise KeyError(name)
+        return self._registry.lookup(name).note
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._registry)
+
+    def __len__(self) -> int:
+        return len(list(self._registry))

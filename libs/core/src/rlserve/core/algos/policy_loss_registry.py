@@ -13,14 +13,14 @@ modules), in the order ``rlserve config --describe`` lists them.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from rlserve.core.algos.notes import AlgorithmNote, Registry
+from rlserve.core.algos.notes import AlgorithmNote, Registry, RegistryNotes
 
 _CLIP_KNOBS = ("clip_ratio_low", "clip_ratio_high")
 
@@ -133,21 +133,7 @@ def _uniform(name: str, loss: LossFunction) -> PolicyLoss:
     return entry
 
 
-class _Notes(Mapping[str, AlgorithmNote]):
-    """The registered losses' notes, read when asked (the losses register after this
-    module runs)."""
-
-    def __getitem__(self, name: str) -> AlgorithmNote:
-        return POLICY_LOSSES.lookup(name).note
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(POLICY_LOSSES)
-
-    def __len__(self) -> int:
-        return len(list(POLICY_LOSSES))
-
-
-POLICY_LOSS_NOTES: Mapping[str, AlgorithmNote] = _Notes()
+POLICY_LOSS_NOTES: Mapping[str, AlgorithmNote] = RegistryNotes(POLICY_LOSSES)
 """One line per policy loss, with its paper (the run config's choices)."""
 
 
