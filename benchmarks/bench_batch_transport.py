@@ -7,13 +7,13 @@ One 64 MiB float32 batch (`--mib`), in one run on a private local Ray:
   besides the socket), in process;
 - service -> workers: `WorkerGroup.run_split` to 1 and to 2 worker processes that
   answer with their row count (each rank is sent its rows only);
-- trainer -> service -> workers, the whole way: a `ServiceClient.call_with_batch` to a
-  replica (the services' own `rpc_method` wrapper: auth, tracing, errors) that takes the
+- trainer -> service -> workers, the whole way: a `ServiceClient.call_api` to a
+  replica (the services' own `batch_rpc` wrapper: auth, tracing, errors) that takes the
   batch and `run_split`s it to 2 workers, as a service's ComputeRefLogProb does before
   its forward (here the workers only count rows); three routes: protobuf through Serve's
   gRPC proxy, protobuf direct to the replica's own port (Serve's direct ingress), and
-  the handle route (rlserve.core.handle_route: the Batch through Ray's object store, the
-  trainer's route for batches);
+  the handle route (rlserve.core.serving.ServiceEndpoint: the request dataclass and its
+  Batch through Ray's object store, the trainer's route for batches);
 - a small call the same three ways (64 rows x 24 int64 ids, the embedded default's
   size): per-call latency, what each of a PPO step's RPCs pays; and 1 and 4 MiB calls,
   between which the handle route overtakes direct gRPC;
@@ -35,14 +35,14 @@ import ray
 import torch
 from ray import serve
 
+from rlserve.core import api
 from rlserve.core.batch import Batch
 from rlserve.core.cluster import start_local_ray, start_serve_on_a_free_port
 from rlserve.core.codec import batch_from_proto, batch_to_proto
-from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.rpc import ServiceClient, direct_grpc_target, open_channel
-from rlserve.core.serving import rpc_method
+from rlserve.core.serving import ServiceEndpoint, batch_rpc
 from rlserve.core.workers import WorkerGroup
-from rlserve.v1 import common_pb2, reference_pb2, reference_pb2_grpc
+from rlserve.v1 import common_pb2, reference_pb2_grpc
 
 SMALL_ROWS = 64
 # Where the handle route overtakes a direct gRPC call (rlserve.core.rpc.HANDLE_ROUTE_MIN_BYTES).
@@ -66,17 +66,16 @@ class RowCounter:
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
-class BatchSink(BatchCalls):
+class BatchSink(ServiceEndpoint):
     """A service replica without a model: takes the request's batch and splits it over
     its worker ranks, then answers with the rows the ranks counted."""
 
     def __init__(self, workers: int):
         self.group = WorkerGroup(RowCounter, workers, {}, num_cpus_per_worker=0.5)
 
-    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
-    async def ComputeRefLogProb(self, request, grpc_context):
-        counted = await self.group.run_split("rows", request_batch(request.batch, grpc_context))
-        return reference_pb2.ComputeRefLogProbResponse(batch=response_batch(counted, grpc_context))
+    @batch_rpc(api.ComputeRefLogProbRequest)
+    async def ComputeRefLogProb(self, request, call):
+        return api.BatchAnswer(await self.group.run_split("rows", request.batch))
 
 
 def through_serve(batches: dict[str, Batch], workers: int, repeats: int) -> dict[str, float]:
@@ -85,7 +84,6 @@ def through_serve(batches: dict[str, Batch], workers: int, repeats: int) -> dict
     port (Serve's direct ingress), or the Batch by the handle route (rlserve.core.rpc)."""
     port = start_serve_on_a_free_port()
     serve.run(BatchSink.bind(workers), name="reference", route_prefix="/reference")
-    request = reference_pb2.ComputeRefLogProbRequest
 
     async def timed_calls(batch: Batch, route: str) -> list[float]:
         # the channel belongs to this event loop
@@ -102,7 +100,7 @@ def through_serve(batches: dict[str, Batch], workers: int, repeats: int) -> dict
         times = []
         for _ in range(repeats + 1):  # the first warms up
             started = time.perf_counter()
-            _, counted = await client.call_with_batch("ComputeRefLogProb", request(), batch)
+            counted = (await client.call_api(api.ComputeRefLogProbRequest(batch))).batch
             times.append(time.perf_counter() - started)
             assert int(counted["rows"].sum()) == len(batch) ** 2 // workers
             assert client.last_route == route, f"asked for {route}, went {client.last_route}"

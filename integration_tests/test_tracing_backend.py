@@ -41,7 +41,7 @@ class TracedReference:
         )
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
-    async def ComputeRefLogProb(self, request, grpc_context):
+    async def ComputeRefLogProb(self, request, call):
         # rpc_method opened the server span, continuing the caller's trace.
         with tracing.span("reference.forward", batch_size=4, pid=os.getpid()):
             pass

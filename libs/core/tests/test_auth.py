@@ -114,7 +114,7 @@ class CountingReward(reward_pb2_grpc.RewardServiceServicer):
         self.calls = 0
 
     @rpc_method(reward_pb2.ComputeRewardResponse)
-    async def ComputeReward(self, request, grpc_context):
+    async def ComputeReward(self, request, call):
         self.calls += 1
         return reward_pb2.ComputeRewardResponse(metrics={"rows": 2.0})
 

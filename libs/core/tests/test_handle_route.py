@@ -1,7 +1,9 @@
-"""The handle route (rlserve.core.handle_route) on the session's real Ray cluster and
-Serve: a Batch handed to a replica through a DeploymentHandle answers what gRPC answers,
-with the same statuses, token check and deadline; it is reachable from no gRPC port;
-and a client falls back to gRPC where an app has no such route."""
+"""The handle route (ServiceEndpoint.call_api in rlserve.core.serving) on the session's
+real Ray cluster and Serve: a request of the plain API (rlserve.core.api) handed to a
+replica through a DeploymentHandle answers what gRPC answers, with the same statuses,
+token check and deadline, and the same handler never knows which way it came; it is
+reachable from no gRPC port; and a client falls back to gRPC where an app has no such
+route."""
 
 import asyncio
 import time
@@ -11,8 +13,8 @@ import pytest
 import torch
 from ray import serve
 
+from rlserve.core import api
 from rlserve.core.batch import Batch
-from rlserve.core.handle_route import BatchCalls, HandleCallResult, request_batch, response_batch
 from rlserve.core.rpc import (
     HANDLE_ROUTE_MIN_BYTES,
     ServiceClient,
@@ -20,7 +22,14 @@ from rlserve.core.rpc import (
     direct_grpc_target,
     open_channel,
 )
-from rlserve.core.serving import Deadline, deadline_metadata, invalid_argument, rpc_method
+from rlserve.core.serving import (
+    Answer,
+    Call,
+    ServiceEndpoint,
+    batch_rpc,
+    deadline_metadata,
+    invalid_argument,
+)
 from rlserve.v1 import reference_pb2, reference_pb2_grpc
 
 APP = "handle-route-probe"
@@ -33,14 +42,14 @@ class Doubler:
     non-tensors and meta echoed; meta 'mode' asks for an error, a deadline check or a
     hang."""
 
-    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
-    async def ComputeRefLogProb(self, request, grpc_context):
-        batch = request_batch(request.batch, grpc_context)
+    @batch_rpc(api.ComputeRefLogProbRequest)
+    async def ComputeRefLogProb(self, request: api.ComputeRefLogProbRequest, call: Call):
+        batch = request.batch
         mode = batch.meta.get("mode")
         if mode == "invalid":
             raise invalid_argument("batch.tensors['input_ids']", "must be int64")
         if mode == "deadline":
-            Deadline.from_metadata(grpc_context.invocation_metadata()).check("probe")
+            call.deadline.check("probe")
         if mode == "hang":
             await asyncio.sleep(HANG_S)
         doubled = Batch(
@@ -48,19 +57,17 @@ class Doubler:
             non_tensors=batch.non_tensors,
             meta={"weights_version": 7},
         )
-        return reference_pb2.ComputeRefLogProbResponse(
-            batch=response_batch(doubled, grpc_context), metrics={"rows": len(batch)}
-        )
+        return api.BatchAnswer(doubled, {"rows": len(batch)})
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
-class RoutedProbe(Doubler, BatchCalls):
+class RoutedProbe(Doubler, ServiceEndpoint):
     pass
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 class GrpcOnlyProbe(Doubler):
-    """The same service without the handle route (a deployment not built on BatchCalls)."""
+    """The same service without the handle route (not a ServiceEndpoint)."""
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +104,8 @@ async def _call(address: str, app: str, batch: Batch, timeout_s: float = 30.0, *
         **options,
     )
     try:
-        response, answer = await client.call_with_batch(
-            "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), batch
-        )
-        return response, answer, client.last_route
+        answer = await client.call_api(api.ComputeRefLogProbRequest(batch))
+        return answer, client.last_route
     finally:
         await client.close()
         await channel.close()
@@ -110,13 +115,12 @@ def test_the_handle_route_answers_what_grpc_answers(apps):
     batch = _batch()
     by_handle = asyncio.run(_call(apps.grpc_address, APP, batch))
     by_grpc = asyncio.run(_call(apps.grpc_address, APP, batch, handle=False))
-    assert by_handle[2] == "handle" and by_grpc[2] == "direct"
-    for response, answer, _ in (by_handle, by_grpc):
-        assert response.metrics["rows"] == 5
-        assert torch.equal(answer["ref_log_probs"], batch["input_ids"].float() * 2)
-        assert answer["text"] == batch["text"]
-        assert answer.meta["weights_version"] == 7
-    assert by_handle[0].batch.ByteSize() == 0  # the Batch came beside the response
+    assert by_handle[1] == "handle" and by_grpc[1] == "direct"
+    for answer, _ in (by_handle, by_grpc):
+        assert answer.metrics["rows"] == 5
+        assert torch.equal(answer.batch["ref_log_probs"], batch["input_ids"].float() * 2)
+        assert answer.batch["text"] == batch["text"]
+        assert answer.batch.meta["weights_version"] == 7
 
 
 def test_a_service_error_keeps_its_status_and_message(apps):
@@ -131,7 +135,8 @@ def test_a_dtype_grpc_could_not_carry_is_invalid_argument_naming_the_tensor(apps
     with pytest.raises(grpc.aio.AioRpcError) as error:
         asyncio.run(_call(apps.grpc_address, APP, odd))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.value.details().startswith("ComputeRefLogProb: tensors['input_ids']: dtype")
+    # the message gRPC's codec gives for a tensor it cannot carry
+    assert error.value.details().startswith("tensors['input_ids']: dtype torch.float64 is not")
 
 
 def test_a_call_that_outlives_its_timeout_is_deadline_exceeded_naming_the_app(apps):
@@ -143,41 +148,40 @@ def test_a_call_that_outlives_its_timeout_is_deadline_exceeded_naming_the_app(ap
 
 def test_the_route_checks_token_deadline_and_what_it_is_handed(apps):
     handle = serve.get_app_handle(APP)
-    request = reference_pb2.ComputeRefLogProbRequest().SerializeToString()
-    no_token: HandleCallResult = handle.call_with_batch.remote(
-        "ComputeRefLogProb", request, _batch(), (("application", APP),)
+    metadata = tuple(call_metadata(APP))
+    no_token: Answer = handle.call_api.remote(
+        api.ComputeRefLogProbRequest(_batch()), (("application", APP),)
     ).result()
-    assert no_token.code_name == "UNAUTHENTICATED" and no_token.batch is None
+    assert no_token.code_name == "UNAUTHENTICATED" and no_token.response is None
 
     past = call_metadata(APP, deadline_metadata(-1.0))  # the token, and a deadline passed
-    expired = handle.call_with_batch.remote(
-        "ComputeRefLogProb", request, _batch(mode="deadline"), tuple(past)
+    expired = handle.call_api.remote(
+        api.ComputeRefLogProbRequest(_batch(mode="deadline")), tuple(past)
     ).result()
     assert expired.code_name == "DEADLINE_EXCEEDED"
     assert expired.details == "caller's deadline passed during probe"
 
-    not_a_batch = handle.call_with_batch.remote(
-        "ComputeRefLogProb", request, {"input_ids": [1, 2]}, ()
+    not_a_batch = handle.call_api.remote(
+        api.ComputeRefLogProbRequest({"input_ids": [1, 2]}), metadata
     ).result()
     assert not_a_batch.code_name == "INVALID_ARGUMENT"
     assert "expected an rlserve Batch, got dict" in not_a_batch.details
 
-    for name in ("__init__", "check_health", "call_with_batch", "GetInfo", 7):
-        refused = handle.call_with_batch.remote(name, request, _batch(), ()).result()
-        assert refused.code_name == "UNIMPLEMENTED", name
-
-    garbage = handle.call_with_batch.remote("ComputeRefLogProb", b"\xff\xff", _batch(), ())
-    assert garbage.result().code_name == "INVALID_ARGUMENT"
+    # requests of RPCs this app does not serve, and objects that are no request at all
+    others = [api.ComputeValuesRequest(_batch()), api.UpdateCriticRequest(0, _batch())]
+    for request in (*others, reference_pb2.ComputeRefLogProbRequest(), "GetInfo", 7):
+        refused = handle.call_api.remote(request, metadata).result()
+        assert refused.code_name == "UNIMPLEMENTED", request
 
 
 def test_no_grpc_port_reaches_the_route(apps):
     """The servicers register the proto's RPCs only: the proxy and the replica's own port
-    answer UNIMPLEMENTED for call_with_batch, whatever the bytes."""
+    answer UNIMPLEMENTED for call_api, whatever the bytes."""
     targets = [apps.grpc_address, direct_grpc_target(APP)]
     assert targets[1] is not None
     for target in targets:
         with grpc.insecure_channel(target) as channel:
-            call = channel.unary_unary("/rlserve.v1.ReferenceService/call_with_batch")
+            call = channel.unary_unary("/rlserve.v1.ReferenceService/call_api")
             with pytest.raises(grpc.RpcError) as error:
                 call(b"\x80\x04K\x01.", metadata=(("application", APP),), timeout=30)
             assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED, target
@@ -189,10 +193,8 @@ def test_a_small_batch_goes_by_grpc_and_a_large_one_by_the_handle(apps):
         client = ServiceClient(channel, reference_pb2_grpc.ReferenceServiceStub, APP, 30.0)
         taken = []
         for rows in (4, HANDLE_ROUTE_MIN_BYTES["direct"] // (3 * 8) + 1):
-            _, answer = await client.call_with_batch(
-                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), _batch(rows)
-            )
-            assert len(answer) == rows
+            answer = await client.call_api(api.ComputeRefLogProbRequest(_batch(rows)))
+            assert len(answer.batch) == rows
             taken.append(client.last_route)
         await client.close()
         await channel.close()
@@ -201,26 +203,8 @@ def test_a_small_batch_goes_by_grpc_and_a_large_one_by_the_handle(apps):
     assert asyncio.run(routes()) == ["direct", "handle"]
 
 
-def test_a_small_request_expecting_a_large_answer_goes_by_the_handle(apps):
-    async def route(response_bytes: int) -> str:
-        channel = open_channel(apps.grpc_address)
-        client = ServiceClient(channel, reference_pb2_grpc.ReferenceServiceStub, APP, 30.0)
-        await client.call_with_batch(
-            "ComputeRefLogProb",
-            reference_pb2.ComputeRefLogProbRequest(),
-            _batch(4),
-            response_bytes=response_bytes,
-        )
-        await client.close()
-        await channel.close()
-        return client.last_route
-
-    assert asyncio.run(route(HANDLE_ROUTE_MIN_BYTES["direct"])) == "handle"
-    assert asyncio.run(route(HANDLE_ROUTE_MIN_BYTES["direct"] - 1)) == "direct"
-
-
 def test_an_app_without_the_route_is_called_by_grpc(apps):
-    response, answer, route = asyncio.run(_call(apps.grpc_address, PLAIN_APP, _batch(rows=2)))
+    answer, route = asyncio.run(_call(apps.grpc_address, PLAIN_APP, _batch(rows=2)))
     assert route == "direct"
-    assert response.metrics["rows"] == 2
-    assert answer["ref_log_probs"].shape == (2, 3)
+    assert answer.metrics["rows"] == 2
+    assert answer.batch["ref_log_probs"].shape == (2, 3)

@@ -11,11 +11,11 @@ import grpc
 import pytest
 import torch
 
-from rlserve.core import rpc
+from rlserve.core import api, rpc
 from rlserve.core.batch import Batch
-from rlserve.core.handle_route import HandleCallResult
 from rlserve.core.rpc import HANDLE_ROUTE_MIN_BYTES, RetryPolicy, ServiceClient
 from rlserve.core.rpc_routes import RouteFacts, choose_route
+from rlserve.core.serving import Answer
 from rlserve.v1 import reference_pb2
 
 DIRECT = HANDLE_ROUTE_MIN_BYTES["direct"]
@@ -106,6 +106,9 @@ def _stub_cls(script: Script) -> type:
         async def ComputeRefLogProb(self, request, metadata, timeout):
             return script.answer(self.route)
 
+        async def GenerateSequences(self, request, metadata, timeout):
+            return script.answer(self.route)
+
     return ReferenceServiceStub
 
 
@@ -118,11 +121,11 @@ class _Pending:
     def __await__(self):
         return self._result().__await__()
 
-    async def _result(self) -> HandleCallResult:
+    async def _result(self) -> Answer:
         outcome = self.script.answer("handle")
-        if isinstance(outcome, HandleCallResult):
+        if isinstance(outcome, Answer):
             return outcome
-        return HandleCallResult("OK", "", outcome.SerializeToString(), self.batch)
+        return Answer("OK", "", api.BatchAnswer(self.batch, dict(outcome.metrics)))
 
     def cancel(self) -> None:
         pass
@@ -131,11 +134,12 @@ class _Pending:
 class FakeHandle:
     def __init__(self, script: Script):
         self.script = script
-        self.call_with_batch = self
+        self.call_api = self
 
-    def remote(self, rpc_name, request_bytes, batch, metadata):
-        assert rpc_name == RPC and {key for key, _ in metadata} >= {"application"}
-        return _Pending(self.script, batch)
+    def remote(self, request, metadata):
+        assert isinstance(request, api.BATCH_REQUESTS)
+        assert {key for key, _ in metadata} >= {"application"}
+        return _Pending(self.script, request.batch)
 
 
 @pytest.fixture
@@ -177,12 +181,13 @@ async def _run(
     outcomes: list[Any] = []
     try:
         for batch in calls:
-            request = reference_pb2.ComputeRefLogProbRequest()
             try:
                 if batch is None:
-                    outcomes.append(await client.call(RPC, request))
+                    outcomes.append(
+                        await client.call(RPC, reference_pb2.ComputeRefLogProbRequest())
+                    )
                 else:
-                    outcomes.append(await client.call_with_batch(RPC, request, batch))
+                    outcomes.append(await client.call_api(api.ComputeRefLogProbRequest(batch)))
             except grpc.aio.AioRpcError as error:
                 outcomes.append(error)
     finally:
@@ -261,8 +266,8 @@ def test_a_large_batch_goes_by_the_handle_and_a_small_one_by_grpc(script):
     client, outcomes = asyncio.run(_run(script, [small, big]))
     assert script.tried == ["direct", "handle"]
     assert script.lookups["handle"] == 1  # looked up only when it would be taken
-    assert outcomes[0][1] is None  # the scripted response carries no batch
-    assert outcomes[1][1] is big  # the Batch came back beside the response
+    assert not outcomes[0].batch.tensors  # the scripted gRPC response carries an empty batch
+    assert outcomes[1].batch is big  # the Batch itself came back by the handle
     assert client.calls_by_route == {"direct": 1, "handle": 1}
 
 
@@ -276,7 +281,7 @@ def test_no_handle_found_means_grpc_and_a_lookup_later(script):
 def test_a_handle_failing_in_ray_goes_by_grpc_at_once(script):
     script.answers = {"direct": [_ok(), _ok()], "handle": [RuntimeError("replica died")]}
     client, outcomes = asyncio.run(_run(script, [_batch(DIRECT), _batch(DIRECT)], retries=0))
-    assert all(response.metrics["rows"] == 1.0 for response, _ in outcomes)
+    assert all(answer.metrics["rows"] == 1.0 for answer in outcomes)
     # within the attempt, and the next call too by gRPC: the handle is looked up again
     # only after the interval
     assert script.tried == ["handle", "direct", "direct"]
@@ -296,10 +301,10 @@ def test_a_failed_handle_then_a_stale_direct_route_ends_at_the_proxy(script):
 
 
 def test_a_service_status_by_the_handle_is_the_services(script):
-    invalid = HandleCallResult("INVALID_ARGUMENT", "batch: bad", b"", None)
-    unavailable = HandleCallResult("UNAVAILABLE", "starting", b"", None)
+    invalid = Answer("INVALID_ARGUMENT", "batch: bad")
+    unavailable = Answer("UNAVAILABLE", "starting")
     script.answers = {"handle": [invalid, unavailable, _ok()], "proxy": []}
-    client, (error, (response, _)) = asyncio.run(
+    client, (error, response) = asyncio.run(
         _run(script, [_batch(), _batch()], retries=1, handle_min_bytes=0)
     )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details() == "batch: bad"
@@ -313,3 +318,28 @@ def test_the_handle_route_off_keeps_every_batch_on_grpc(script):
     client, _ = asyncio.run(_run(script, [_batch(DIRECT)], handle=False))
     assert script.tried == ["direct"] and script.lookups["handle"] == 0
     assert client.last_route == "direct"
+
+
+def _generation(prompts: int, max_new_tokens: int) -> api.GenerateSequencesRequest:
+    ids = torch.zeros(prompts, 4, dtype=torch.int64)
+    batch = Batch(tensors={"input_ids": ids, "attention_mask": ids})
+    return api.GenerateSequencesRequest(batch, api.Sampling(1.0, max_new_tokens))
+
+
+def test_a_small_request_expecting_a_large_answer_goes_by_the_handle(script):
+    """A generation's prompts are small, its answer is not (`response_bytes`): the
+    route suits the answer."""
+    small, large = _generation(2, 4), _generation(2, DIRECT)
+    assert small.response_bytes() == 4 * 2 * (4 + 4) * 8 < DIRECT <= large.response_bytes()
+    script.answers = {"direct": [_ok()], "handle": [_ok()], "proxy": []}
+
+    async def routes() -> list[str]:
+        client = ServiceClient(PROXY_CHANNEL, _stub_cls(script), "rollout", 5.0)
+        taken = []
+        for request in (small, large):
+            await client.call_api(request)
+            taken.append(client.last_route)
+        await client.close()
+        return taken
+
+    assert asyncio.run(routes()) == ["direct", "handle"]

@@ -42,7 +42,7 @@ class ProbeDeployment:
         self.rows_offset = rows_offset
 
     @rpc_method(reference_pb2.ComputeRefLogProbResponse)
-    async def ComputeRefLogProb(self, request, grpc_context):
+    async def ComputeRefLogProb(self, request, call):
         batch: Batch = batch_from_proto(request.batch)
         mode = batch.meta.get("mode")
         if mode == "invalid":
@@ -50,7 +50,7 @@ class ProbeDeployment:
         if mode == "crash":
             raise RuntimeError("überraschung " + "ß" * 20000)
         if mode == "deadline":
-            Deadline.from_metadata(grpc_context.invocation_metadata()).check("probe")
+            call.deadline.check("probe")
         if mode == "hang":
             await asyncio.sleep(HANG_S)
         return reference_pb2.ComputeRefLogProbResponse(

@@ -43,9 +43,9 @@ class FlakyReward(reward_pb2_grpc.RewardServiceServicer):
         self.metadata_keys: list[set[str]] = []
 
     @rpc_method(reward_pb2.ComputeRewardResponse)
-    async def ComputeReward(self, request, grpc_context):
+    async def ComputeReward(self, request, call):
         self.calls += 1
-        self.metadata_keys.append({key for key, _ in grpc_context.invocation_metadata()})
+        self.metadata_keys.append({key for key, _ in call.metadata})
         mode = request.batch.meta.extra["mode"].string_value
         if mode == "flaky" and self.calls == 1:
             raise RpcError(grpc.StatusCode.UNAVAILABLE, "replica starting")

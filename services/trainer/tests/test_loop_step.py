@@ -33,7 +33,7 @@ RESPONSE_TOKEN = 7
 
 
 class FakeService:
-    """Answers `call(rpc, request)` and `call_with_batch` like a service client, from
+    """Answers `call(rpc, request)` and `call_api(request)` like a service client, from
     `handlers` (which see the request as gRPC carries it: the batch encoded in it)."""
 
     def __init__(self, **handlers):
@@ -44,15 +44,9 @@ class FakeService:
         self.requests.append((rpc, request))
         return self.handlers[rpc](request)
 
-    async def call_with_batch(
-        self, rpc, request, batch, field="batch", timeout_s=None, response_bytes=0
-    ):
-        wire_request = type(request)()
-        wire_request.CopyFrom(request)
-        getattr(wire_request, field).CopyFrom(batch_to_proto(batch))
-        response = await self.call(rpc, wire_request, timeout_s)
-        has_batch = "batch" in response.DESCRIPTOR.fields_by_name and response.HasField("batch")
-        return response, batch_from_proto(response.batch) if has_batch else None
+    async def call_api(self, request, timeout_s=None):
+        response = await self.call(request.RPC, request.to_proto(), timeout_s)
+        return type(request).Response.from_proto(response)
 
     def sent(self, rpc):
         return [request for name, request in self.requests if name == rpc]

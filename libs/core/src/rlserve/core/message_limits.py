@@ -8,7 +8,7 @@ so eight unauthenticated 1 GiB requests held 8 GiB of a node. A stateful service
 replica gets the bound its `max_request_tokens` allows (every tensor of its largest
 legitimate request or answer, at 8 bytes per element, is well under BYTES_PER_TOKEN per
 token position); the proxy, shared by every service, gets the largest of the run's.
-Batches sent through a DeploymentHandle (rlserve.core.handle_route) travel through Ray's
+Batches sent through a DeploymentHandle (rlserve.core.serving.ServiceEndpoint) travel through Ray's
 object store and are not bounded here: only cluster members with Ray's token reach it.
 """
 

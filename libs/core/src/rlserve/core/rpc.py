@@ -21,10 +21,11 @@ reaches the wrong service) goes to the proxy at once, as do that call's retries,
 spending an attempt; the client asks Serve for the route again after
 DIRECT_LOOKUP_INTERVAL_S.
 
-Large batches on the cluster: `call_with_batch` sends a request whose batch field is a
-Batch. A client on the Ray cluster hands a large one to the replica through a Serve
-DeploymentHandle (rlserve.core.handle_route: Ray's object store, one copy each way,
-instead of protobuf's several) and gets the response's Batch back the same way; the
+Large batches on the cluster: `call_api` sends a request of the plain API
+(rlserve.core.api), which carries a Batch. A client on the Ray cluster hands a large one
+to the replica through a Serve DeploymentHandle (ServiceEndpoint.call_api in
+rlserve.core.serving: the dataclass itself through Ray's object store, one copy each way,
+instead of protobuf's several) and gets the response dataclass back the same way; the
 same handler runs, with the same token, deadline, statuses and trace context. A handle
 call costs a few ms more than a direct gRPC call, so small batches go by gRPC:
 HANDLE_ROUTE_MIN_BYTES says from which size of the request's tensors the handle wins
@@ -51,7 +52,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from opentelemetry.trace import Status, StatusCode
@@ -71,11 +72,6 @@ from rlserve.core.rpc_routes import (
     choose_route,
 )
 from rlserve.core.serving import deadline_metadata
-
-# Batches need torch; a client that sends none (GetInfo, a health probe, a torch-free
-# node's calls) never loads it.
-if TYPE_CHECKING:
-    from rlserve.core.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +179,7 @@ class _Attempt:
 class ServiceClient:
     """Async client of one rlserve service (one Serve application) on a shared channel
     to the proxy, and its own channel to the app's replica when `direct` (default: on a
-    Ray cluster) finds one; with `handle` (default), `call_with_batch` on a Ray cluster
+    Ray cluster) finds one; with `handle` (default), `call_api` on a Ray cluster
     hands a batch of `handle_min_bytes` or more (default HANDLE_ROUTE_MIN_BYTES of the
     gRPC route it would take) to the app's DeploymentHandle (see the module docstring)."""
 
@@ -247,7 +243,7 @@ class ServiceClient:
         if self._handle is None and self._handle_lookup_due():
             self._handle_looked_up_at = time.monotonic()
             handle = await asyncio.to_thread(app_handle, self.application)
-            self._handle = None if handle is None else HandleRoute(handle, self.service)
+            self._handle = None if handle is None else HandleRoute(handle)
         return self._handle
 
     def _forget_direct_route(self) -> None:
@@ -279,37 +275,22 @@ class ServiceClient:
         self.calls_by_route[route] += 1
 
     async def call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
-        """Calls `rpc` with retries; raises the last grpc.aio.AioRpcError when out of tries."""
-        response, _ = await self._call(rpc, request, None, timeout_s)
-        return response
+        """Calls `rpc` with the protobuf `request` (an RPC without a batch) and retries;
+        raises the last grpc.aio.AioRpcError when out of tries."""
+        return await self._call(rpc, request, timeout_s)
 
-    async def call_with_batch(
-        self,
-        rpc: str,
-        request: Any,
-        batch: Batch,
-        field: str = "batch",
-        timeout_s: float | None = None,
-        response_bytes: int = 0,
-    ) -> tuple[Any, Batch | None]:
-        """Calls `rpc` with `batch` as the request's `field` (left empty in `request`);
-        returns the response and its batch field decoded (None when the response has
-        none). A large batch by the handle route on a Ray cluster, else by gRPC; retries as
-        `call`. `response_bytes`: the caller's estimate of the response batch's tensor
-        bytes when it may outgrow the request's (a generation), so that the route suits
-        the larger of the two."""
-        return await self._call(rpc, request, (field, batch), timeout_s, response_bytes)
+    async def call_api(self, request: Any, timeout_s: float | None = None) -> Any:
+        """Calls the RPC of `request`, a request of the plain API (rlserve.core.api),
+        and returns its response dataclass: by the handle route on a Ray cluster when
+        its batch (or the answer the request expects, `response_bytes()`) is large, else
+        by gRPC; retries as `call`."""
+        return await self._call(request.RPC, request, timeout_s, request.response_bytes())
 
     async def _call(
-        self,
-        rpc: str,
-        request: Any,
-        batch: tuple[str, Batch] | None,
-        timeout_s: float | None,
-        response_bytes: int = 0,
-    ) -> tuple[Any, Batch | None]:
+        self, rpc: str, request: Any, timeout_s: float | None, response_bytes: int = 0
+    ) -> Any:
         """The retry policy around attempts, whatever route each takes."""
-        call = _Call(rpc, Outgoing(request, batch), timeout_s or self.timeout_s, response_bytes)
+        call = _Call(rpc, Outgoing(request), timeout_s or self.timeout_s, response_bytes)
         backoff_s = self.policy.initial_backoff_s
         for attempt in range(self.policy.retries + 1):
             plan = await self._plan(call)  # its lookups lie before the attempt's span
@@ -347,7 +328,7 @@ class ServiceClient:
         up when due, and the handle when the call would take it."""
         direct = await self._direct_route(call)
         facts = RouteFacts(
-            has_batch=call.request.batch is not None,
+            has_batch=call.request.carries_batch,
             request_bytes=call.request.batch_bytes(),
             response_bytes=call.response_bytes,
             handle_enabled=self.handle,
@@ -369,7 +350,7 @@ class ServiceClient:
             transports["handle"] = handle
         return _Attempt(facts, route, transports)
 
-    async def _attempt(self, call: _Call, plan: _Attempt, span: Any) -> tuple[Any, Batch | None]:
+    async def _attempt(self, call: _Call, plan: _Attempt, span: Any) -> Any:
         """One attempt: its first route, and the next at once each time a route fails
         without reaching the service (RouteFailed); a service's status raises."""
         metadata = call_metadata(
@@ -378,7 +359,7 @@ class ServiceClient:
         if tracing.tracing_enabled():
             metadata = tracing.inject_metadata(metadata)
             if span.is_recording():
-                span.set_attribute("rlserve.request_bytes", call.request.message.ByteSize())
+                span.set_attribute("rlserve.request_bytes", call.request.size_bytes())
                 span.set_attribute("rlserve.route", plan.route)
         facts, route = plan.facts, plan.route
         while True:  # ends: a proxy call raises no RouteFailed

@@ -8,8 +8,8 @@ fails without reaching the service it asks again with `failed` set, within the s
 attempt.
 
 Each route is a transport of one shape, `attempt(rpc, request, metadata, timeout_s) ->
-(response, batch)`: GrpcRoute (a stub: the proxy's, or a replica's own port) and
-HandleRoute (a Serve DeploymentHandle, served by rlserve.core.handle_route). A transport
+answer`: GrpcRoute (a stub: the proxy's, or a replica's own port) and HandleRoute (a
+Serve DeploymentHandle, served by rlserve.core.serving.ServiceEndpoint). A transport
 raises grpc.aio.AioRpcError for a status of the service (or gRPC's own deadline), which
 the client's retry policy judges, and RouteFailed when the route itself failed and said
 nothing of the service (a direct port with no replica or another app's; Ray failing a
@@ -21,14 +21,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import grpc
-from google.protobuf import message_factory
-
-# Batches need torch; a client that sends none never loads it.
-if TYPE_CHECKING:
-    from rlserve.core.batch import Batch
 
 Route = Literal["handle", "direct", "proxy"]
 """A call's route: a Serve DeploymentHandle, a replica's own gRPC port, Serve's proxy."""
@@ -40,7 +35,7 @@ service's: no replica, a replica restarting)."""
 # replica's port for another app's call (the port was reused after a replacement).
 STALE_ROUTE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
 HANDLE_ROUTE_MIN_BYTES: dict[str, int] = {"direct": 2 * 2**20, "proxy": 64 * 2**10}
-"""The request tensors' bytes from which `call_with_batch` takes the handle route rather
+"""The request tensors' bytes from which `call_api` takes the handle route rather
 than each gRPC route (benchmarks/bench_batch_transport.py, replica + 2 workers, in one
 run: 12 KiB 4.7 ms direct, 7.7 handle, 7.9 proxy; 1 MiB 10.9, 12.3, 17.6; 4 MiB 24.9,
 21.8, 36.3; 64 MiB 349, 75, 552)."""
@@ -51,7 +46,7 @@ class RouteFacts:
     """What the route of one try of a call depends on."""
 
     has_batch: bool = False
-    """The call carries a Batch beside its message (`call_with_batch`)."""
+    """The call is one of the plain API's (rlserve.core.api), which carry a Batch."""
     request_bytes: int = 0
     """The request Batch's tensor bytes."""
     response_bytes: int = 0
@@ -96,37 +91,48 @@ class RouteFailed(Exception):
 
 @dataclass
 class Outgoing:
-    """One call's request: the message (its batch field left empty when a Batch goes
-    beside it) and the Batch with the name of its field."""
+    """One call's request: a protobuf message (an RPC without a batch), or a request of
+    the plain API (rlserve.core.api), which carries a Batch."""
 
-    message: Any
-    batch: tuple[str, Batch] | None = None
+    request: Any
     _wire: Any = field(default=None, repr=False)
 
+    @property
+    def carries_batch(self) -> bool:
+        return hasattr(type(self.request), "RESPONSE_PROTO")
+
     def wire(self) -> Any:
-        """The message as gRPC sends it, the Batch encoded into its field (once a call,
-        however many attempts)."""
-        if self.batch is None:
-            return self.message
+        """The message gRPC sends, the Batch encoded into it (once a call, however many
+        attempts)."""
+        if not self.carries_batch:
+            return self.request
         if self._wire is None:
-            self._wire = _with_batch(self.message, *self.batch)
+            self._wire = self.request.to_proto()
         return self._wire
+
+    def from_wire(self, response: Any) -> Any:
+        """A gRPC response as the caller gets it: the plain API's answer (its Batch
+        decoded) for a request of that API, else the message itself."""
+        return type(self.request).Response.from_proto(response) if self.carries_batch else response
+
+    def size_bytes(self) -> int:
+        """For the call's span: the Batch's tensor bytes, or the message's size."""
+        return self.batch_bytes() if self.carries_batch else self.request.ByteSize()
 
     def batch_bytes(self) -> int:
         """The Batch's tensor bytes (0 without one)."""
-        if self.batch is None:
+        if not self.carries_batch:
             return 0
-        return sum(t.nbytes for t in self.batch[1].tensors.values())
+        return sum(t.nbytes for t in self.request.batch.tensors.values())
 
 
 class Transport(Protocol):
-    """One route's attempt at a call: the response, and its batch decoded (None for a
-    call without a Batch, or a response without one); AioRpcError for the service's
-    status, RouteFailed when the route failed."""
+    """One route's attempt at a call: its answer (`Outgoing.from_wire`'s form);
+    AioRpcError for the service's status, RouteFailed when the route failed."""
 
     async def attempt(
         self, rpc: str, request: Outgoing, metadata: Sequence[tuple[str, str]], timeout_s: float
-    ) -> tuple[Any, Batch | None]: ...
+    ) -> Any: ...
 
 
 class GrpcRoute:
@@ -139,7 +145,7 @@ class GrpcRoute:
 
     async def attempt(
         self, rpc: str, request: Outgoing, metadata: Sequence[tuple[str, str]], timeout_s: float
-    ) -> tuple[Any, Batch | None]:
+    ) -> Any:
         try:
             response = await getattr(self.stub, rpc)(
                 request.wire(), metadata=metadata, timeout=timeout_s
@@ -148,27 +154,24 @@ class GrpcRoute:
             if error.code() in self.stale_codes:
                 raise RouteFailed(str(error)) from error
             raise
-        return response, None if request.batch is None else _response_batch(response)
+        return request.from_wire(response)
 
 
 class HandleRoute:
-    """A call by the app's Serve DeploymentHandle (`handle`, of gRPC service `service`):
-    the message as protobuf bytes and the Batch beside it, through Ray's object store."""
+    """A call by the app's Serve DeploymentHandle (`handle`): the plain API's request
+    dataclass, tensors and all, through Ray's object store, answered by the deployment's
+    `ServiceEndpoint.call_api` with the response dataclass."""
 
-    def __init__(self, handle: Any, service: str):
+    def __init__(self, handle: Any):
         self.handle = handle
-        self.service = service
 
     async def attempt(
         self, rpc: str, request: Outgoing, metadata: Sequence[tuple[str, str]], timeout_s: float
-    ) -> tuple[Any, Batch | None]:
-        assert request.batch is not None, "the handle route carries batches only"
-        message = request.message
-        call = self.handle.call_with_batch.remote(
-            rpc, message.SerializeToString(), request.batch[1], tuple(metadata)
-        )
+    ) -> Any:
+        assert request.carries_batch, "the handle route carries the plain API's requests only"
+        call = self.handle.call_api.remote(request.request, tuple(metadata))
         try:
-            result = await asyncio.wait_for(_resolved(call), timeout_s)
+            answer = await asyncio.wait_for(_resolved(call), timeout_s)
         except TimeoutError:
             call.cancel()
             raise grpc.aio.AioRpcError(
@@ -179,42 +182,14 @@ class HandleRoute:
             ) from None
         except Exception as error:  # Ray's: no such method, the replica died
             raise RouteFailed(f"{type(error).__name__}: {error}") from error
-        code = grpc.StatusCode[result.code_name]
+        code = grpc.StatusCode[answer.code_name]
         if code != grpc.StatusCode.OK:
             raise grpc.aio.AioRpcError(
-                code, grpc.aio.Metadata(), grpc.aio.Metadata(), result.details
+                code, grpc.aio.Metadata(), grpc.aio.Metadata(), answer.details
             )
-        response = _response_class(message, self.service, rpc).FromString(result.response)
-        # a handler that encoded its batch itself rather than through response_batch
-        return response, _response_batch(response) if result.batch is None else result.batch
+        return answer.response
 
 
 async def _resolved(call: Any) -> Any:
     """Awaits a DeploymentResponse (a coroutine, so asyncio.wait_for can time it)."""
     return await call
-
-
-def _with_batch(request: Any, field: str, batch: Batch) -> Any:
-    """A copy of `request` with `batch` encoded into its (empty) field `field`."""
-    wire_request = type(request)()
-    wire_request.CopyFrom(request)
-    from rlserve.core.codec import batch_to_proto
-
-    batch_to_proto(batch, into=getattr(wire_request, field))
-    return wire_request
-
-
-def _response_batch(response: Any) -> Batch | None:
-    """The response's batch field decoded, None when it has none."""
-    if "batch" not in response.DESCRIPTOR.fields_by_name or not response.HasField("batch"):
-        return None
-    from rlserve.core.codec import batch_from_proto
-
-    return batch_from_proto(response.batch)
-
-
-def _response_class(request: Any, service: str, rpc: str) -> type:
-    """The response message class of `service`.`rpc`, from the proto descriptors."""
-    file = request.DESCRIPTOR.file
-    method = file.pool.FindServiceByName(f"{file.package}.{service}").methods_by_name[rpc]
-    return message_factory.GetMessageClass(method.output_type)

@@ -1,9 +1,9 @@
 """The critic's Serve deployment: CriticService RPCs, thin over CriticController.
 
-Each method is named after its RPC and does: protobuf -> Batch (codec, or the Batch itself
-by the in-cluster handle route, rlserve.core.handle_route) -> controller (checks, dispatch
-to the worker group) -> protobuf. Errors become gRPC statuses in
-`rpc_method`; the caller's deadline comes from the `rlserve-deadline-unix-s` metadata.
+Each method is named after its RPC and does: request (the plain API's dataclass,
+rlserve.core.api, for the batch RPCs) -> controller (checks, dispatch to the worker
+group) -> response. Errors become gRPC statuses in `batch_rpc` / `rpc_method`; the
+caller's deadline comes from the `rlserve-deadline-unix-s` metadata.
 
 One replica only: the replica is the service's controller and holds its state (weights
 version, applied steps); data parallelism comes from its workers, not from replicas.
@@ -15,30 +15,27 @@ from importlib.metadata import version
 
 from ray import serve
 
+from rlserve.core import api
 from rlserve.core.auth import server_auth_mode
 from rlserve.core.config import settings_json
-from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.lease import RunLease
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
-    Deadline,
+    Call,
+    ServiceEndpoint,
+    batch_rpc,
     raise_if_unhealthy,
     rpc_method,
     setup_replica_tracing,
 )
-from rlserve.core.wire import metrics_to_proto
 from rlserve.core.workers import WorkerGroup
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import controller_for, worker_kwargs
 from rlserve.v1 import common_pb2, critic_pb2
 
 
-def _deadline(grpc_context) -> Deadline:
-    return Deadline.from_metadata(grpc_context.invocation_metadata())
-
-
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
-class CriticDeployment(BatchCalls):
+class CriticDeployment(ServiceEndpoint):
     """CriticService: ComputeValues, UpdateCritic, GetInfo, Save/LoadCheckpoint, Reset."""
 
     def __init__(self, config: CriticServiceConfig):
@@ -57,27 +54,21 @@ class CriticDeployment(BatchCalls):
         """Serve's health check: fails while a worker is dead or the state is unusable."""
         raise_if_unhealthy("critic", self.controller.health_problems())
 
-    @rpc_method(critic_pb2.ComputeValuesResponse)
-    async def ComputeValues(self, request, grpc_context):
-        batch = request_batch(request.batch, grpc_context)
-        values, metrics = await self.controller.compute_values(batch, _deadline(grpc_context))
-        return critic_pb2.ComputeValuesResponse(
-            batch=response_batch(values, grpc_context), metrics=metrics_to_proto(metrics)
-        )
+    @batch_rpc(api.ComputeValuesRequest)
+    async def ComputeValues(self, request: api.ComputeValuesRequest, call: Call):
+        values, metrics = await self.controller.compute_values(request.batch, call.deadline)
+        return api.BatchAnswer(values, metrics)
 
-    @rpc_method(critic_pb2.UpdateCriticResponse)
-    async def UpdateCritic(self, request, grpc_context):
-        self.lease.check("UpdateCritic", grpc_context.invocation_metadata())
-        batch = request_batch(request.batch, grpc_context)
+    @batch_rpc(api.UpdateCriticRequest)
+    async def UpdateCritic(self, request: api.UpdateCriticRequest, call: Call):
+        self.lease.check("UpdateCritic", call.metadata)
         metrics, weights_version, replayed = await self.controller.update_critic(
-            request.step, batch, _deadline(grpc_context)
+            request.step, request.batch, call.deadline
         )
-        return critic_pb2.UpdateCriticResponse(
-            metrics=metrics_to_proto(metrics), weights_version=weights_version, replayed=replayed
-        )
+        return api.UpdateAnswer(metrics, weights_version, replayed)
 
     @rpc_method(critic_pb2.CriticServiceGetInfoResponse)
-    async def GetInfo(self, request, grpc_context):
+    async def GetInfo(self, request, call: Call):
         raise_if_unhealthy("critic", self.controller.health_problems())
         workers = await self.controller.worker_infos()
         info = common_pb2.ServiceInfo(
@@ -100,34 +91,34 @@ class CriticDeployment(BatchCalls):
         return critic_pb2.CriticServiceGetInfoResponse(info=info)
 
     @rpc_method(critic_pb2.CriticServiceSaveCheckpointResponse)
-    async def SaveCheckpoint(self, request, grpc_context):
+    async def SaveCheckpoint(self, request, call: Call):
         weights_version, step = await self.controller.save_checkpoint(
-            request.location.path, _deadline(grpc_context)
+            request.location.path, call.deadline
         )
         return critic_pb2.CriticServiceSaveCheckpointResponse(
             weights_version=weights_version, last_applied_step=step
         )
 
     @rpc_method(critic_pb2.CriticServiceLoadCheckpointResponse)
-    async def LoadCheckpoint(self, request, grpc_context):
-        self.lease.check("LoadCheckpoint", grpc_context.invocation_metadata())
+    async def LoadCheckpoint(self, request, call: Call):
+        self.lease.check("LoadCheckpoint", call.metadata)
         weights_version, step = await self.controller.load_checkpoint(
-            request.location.path, _deadline(grpc_context)
+            request.location.path, call.deadline
         )
         return critic_pb2.CriticServiceLoadCheckpointResponse(
             weights_version=weights_version, last_applied_step=step
         )
 
     @rpc_method(critic_pb2.CriticServiceResetResponse)
-    async def Reset(self, request, grpc_context):
-        self.lease.check("Reset", grpc_context.invocation_metadata())
-        weights_version, step = await self.controller.reset(_deadline(grpc_context))
+    async def Reset(self, request, call: Call):
+        self.lease.check("Reset", call.metadata)
+        weights_version, step = await self.controller.reset(call.deadline)
         return critic_pb2.CriticServiceResetResponse(
             weights_version=weights_version, last_applied_step=step
         )
 
     @rpc_method(critic_pb2.CriticServiceLeaseResponse)
-    async def Lease(self, request, grpc_context):
+    async def Lease(self, request, call: Call):
         if request.release:
             holder, left = self.lease.release(request.run_id)
         else:

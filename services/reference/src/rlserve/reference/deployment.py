@@ -1,8 +1,8 @@
 """The reference's Serve deployment: ReferenceService RPCs, thin over ReferenceController.
 
-Each method is named after its RPC: protobuf -> Batch (codec, or the Batch itself by the
-in-cluster handle route, rlserve.core.handle_route) -> controller (checks, dispatch to the
-workers) -> protobuf; errors become gRPC statuses in `rpc_method`.
+Each method is named after its RPC: request (the plain API's dataclass, rlserve.core.api,
+for ComputeRefLogProb) -> controller (checks, dispatch to the workers) -> response; errors
+become gRPC statuses in `batch_rpc` / `rpc_method`.
 
 One replica: data parallelism comes from its workers. The replica reserves no CPU (it
 waits on workers); each worker reserves `num_cpus_per_worker`.
@@ -12,17 +12,18 @@ from importlib.metadata import version
 
 from ray import serve
 
+from rlserve.core import api
 from rlserve.core.auth import server_auth_mode
 from rlserve.core.config import settings_json
-from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
-    Deadline,
+    Call,
+    ServiceEndpoint,
+    batch_rpc,
     raise_if_unhealthy,
     rpc_method,
     setup_replica_tracing,
 )
-from rlserve.core.wire import metrics_to_proto
 from rlserve.core.workers import WorkerGroup
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.controller import controller_for, worker_kwargs
@@ -30,7 +31,7 @@ from rlserve.v1 import common_pb2, reference_pb2
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
-class ReferenceDeployment(BatchCalls):
+class ReferenceDeployment(ServiceEndpoint):
     """ReferenceService: ComputeRefLogProb, GetInfo."""
 
     def __init__(self, config: ReferenceServiceConfig):
@@ -48,17 +49,15 @@ class ReferenceDeployment(BatchCalls):
         """Serve's health check: fails while a worker is dead or the state is unusable."""
         raise_if_unhealthy("reference", self.controller.health_problems())
 
-    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
-    async def ComputeRefLogProb(self, request, grpc_context):
-        batch = request_batch(request.batch, grpc_context)
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        log_probs, metrics = await self.controller.compute_ref_log_prob(batch, deadline)
-        return reference_pb2.ComputeRefLogProbResponse(
-            batch=response_batch(log_probs, grpc_context), metrics=metrics_to_proto(metrics)
+    @batch_rpc(api.ComputeRefLogProbRequest)
+    async def ComputeRefLogProb(self, request: api.ComputeRefLogProbRequest, call: Call):
+        log_probs, metrics = await self.controller.compute_ref_log_prob(
+            request.batch, call.deadline
         )
+        return api.BatchAnswer(log_probs, metrics)
 
     @rpc_method(reference_pb2.ReferenceServiceGetInfoResponse)
-    async def GetInfo(self, request, grpc_context):
+    async def GetInfo(self, request, call: Call):
         raise_if_unhealthy("reference", self.controller.health_problems())
         workers = await self.controller.worker_infos()
         info = common_pb2.ServiceInfo(

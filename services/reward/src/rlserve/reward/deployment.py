@@ -1,9 +1,9 @@
 """The reward service's Serve deployment: gRPC RewardService methods, kept thin.
 
-Each method: proto -> Batch (codec, or the Batch itself by the in-cluster handle route,
-rlserve.core.handle_route) -> `RewardEngine.parse` (checks, errors name the
-field) -> `RewardEngine.score` -> proto. Errors become gRPC statuses through
-`rpc_method`, so a bad request never stops the replica.
+ComputeReward: its request (the plain API's dataclass, rlserve.core.api; without a model
+kind its columns alone, read without torch) -> `RewardEngine.parse` (checks, errors name
+the field) -> `RewardEngine.score` -> the scores as numpy arrays. Errors become gRPC
+statuses through `batch_rpc` / `rpc_method`, so a bad request never stops the replica.
 
 One replica = one engine: one pooled HTTP session and concurrency bound, one reward
 model copy. The replica takes no GPU; `app.deployment_options` sets its CPUs, replica
@@ -19,11 +19,10 @@ from importlib.metadata import PackageNotFoundError, version
 import ray
 from ray import serve
 
+from rlserve.core import api
 from rlserve.core.auth import server_auth_mode
 from rlserve.core.config import settings_json, validate_config
-from rlserve.core.handle_route import BatchCalls, request_batch, request_columns, response_arrays
-from rlserve.core.serving import Deadline, rpc_method, setup_replica_tracing
-from rlserve.core.wire import metrics_to_proto
+from rlserve.core.serving import Call, ServiceEndpoint, batch_rpc, rpc_method, setup_replica_tracing
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
 from rlserve.v1 import common_pb2, reward_pb2
@@ -37,7 +36,7 @@ def _package_version() -> str:
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 1, "num_gpus": 0})
-class RewardDeployment(BatchCalls):
+class RewardDeployment(ServiceEndpoint):
     """Serves rlserve.v1.RewardService."""
 
     def __init__(self, config: dict) -> None:
@@ -51,26 +50,25 @@ class RewardDeployment(BatchCalls):
             torch.set_num_threads(self._config.torch_threads)
         self._engine = build_engine(self._config)
 
-    @rpc_method(reward_pb2.ComputeRewardResponse)
+    @property
+    def reads_tensors(self) -> bool:
+        """Whether ComputeReward decodes a gRPC request's tensors (a reward model reads
+        them; without one nothing does, and no torch is needed to read the rest)."""
+        return self._engine.reads_tensors
+
+    @batch_rpc(api.ComputeRewardRequest)
     async def ComputeReward(
-        self, request: reward_pb2.ComputeRewardRequest, grpc_context
-    ) -> reward_pb2.ComputeRewardResponse:
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        # Without a model kind nothing reads the tensors: no torch needed to read the rest.
-        read = request_batch if self._engine.reads_tensors else request_columns
-        batch = read(request.batch, grpc_context)
-        inputs = self._engine.parse(batch, field="batch")
-        result = await self._engine.score(inputs, deadline)
+        self, request: api.ComputeRewardRequest, call: Call
+    ) -> api.ScoresAnswer:
+        inputs = self._engine.parse(request.batch, field="batch")
+        result = await self._engine.score(inputs, call.deadline)
         scores = {"scores": result.scores}
         scores.update((f"scores_{name}", s) for name, s in result.kind_scores.items())
-        return reward_pb2.ComputeRewardResponse(
-            batch=response_arrays(scores, batch.meta, grpc_context),
-            metrics=metrics_to_proto(result.metrics),
-        )
+        return api.ScoresAnswer(scores, result.metrics, request.batch.meta)
 
     @rpc_method(reward_pb2.RewardServiceGetInfoResponse)
     async def GetInfo(
-        self, request: reward_pb2.RewardServiceGetInfoRequest, grpc_context
+        self, request: reward_pb2.RewardServiceGetInfoRequest, call: Call
     ) -> reward_pb2.RewardServiceGetInfoResponse:
         model = self._config.kinds.model
         info = common_pb2.ServiceInfo(

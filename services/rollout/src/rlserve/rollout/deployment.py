@@ -1,9 +1,9 @@
-"""RolloutService as a Ray Serve deployment: protobuf in, plain objects to the controller.
+"""RolloutService as a Ray Serve deployment: the plain API in, plain objects to the controller.
 
-Thin on purpose: each RPC decodes its request (codec; a batch handed in by the in-cluster
-handle route, rlserve.core.handle_route, needs no decoding), turns SamplingParams into
-SamplingSettings (0 = default, as the proto says), hands everything to the
-RolloutController with the caller's deadline, and encodes the answer. `rpc_method` turns
+Thin on purpose: each batch RPC takes its request dataclass (rlserve.core.api: decoded
+from protobuf by `batch_rpc` on gRPC, handed in as is by the in-cluster handle route),
+hands it to the RolloutController with the caller's deadline, and answers the response
+dataclass. `batch_rpc` and `rpc_method` turn
 RpcErrors (validation, versions) into gRPC statuses and anything else into a one-line
 INTERNAL; the replica keeps serving either way.
 
@@ -14,22 +14,24 @@ The replica itself reserves no CPU; the workers reserve `num_cpus_per_worker` ea
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from importlib.metadata import version as package_version
 
 from ray import serve
 
+from rlserve.core import api
 from rlserve.core.auth import server_auth_mode
 from rlserve.core.config import settings_json
-from rlserve.core.handle_route import BatchCalls, request_batch, response_batch
 from rlserve.core.lease import RunLease
 from rlserve.core.serving import (
     HEALTH_CHECK_OPTIONS,
-    Deadline,
+    Call,
+    ServiceEndpoint,
+    batch_rpc,
     raise_if_unhealthy,
     rpc_method,
     setup_replica_tracing,
 )
-from rlserve.core.wire import metrics_to_proto
 from rlserve.core.workers import WorkerGroup
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.controller import RolloutController, controller_settings
@@ -40,22 +42,12 @@ from rlserve.v1 import common_pb2, reference_pb2, rollout_pb2
 ROLE = "rollout"
 
 
-def sampling_from_proto(params: rollout_pb2.SamplingParams, return_log_probs: bool):
-    """SamplingParams with the proto's defaults applied (top_p 0 = 1, top_k 0 = off, n 0 = 1)."""
-    return SamplingSettings(
-        temperature=params.temperature,
-        top_p=params.top_p if params.top_p != 0 else 1.0,
-        top_k=-1 if params.top_k in (0, -1) else params.top_k,
-        max_new_tokens=params.max_new_tokens,
-        responses_per_prompt=params.responses_per_prompt or 1,
-        seed=params.seed if params.HasField("seed") else None,
-        ignore_eos=params.ignore_eos,
-        return_log_probs=return_log_probs,
-    )
+def sampling_settings(sampling: api.Sampling, return_log_probs: bool) -> SamplingSettings:
+    return SamplingSettings(**asdict(sampling), return_log_probs=return_log_probs)
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, **HEALTH_CHECK_OPTIONS)
-class RolloutDeployment(BatchCalls):
+class RolloutDeployment(ServiceEndpoint):
     """The actor service: generation, log-probs and PPO updates over DP ActorWorkers."""
 
     def __init__(self, config: RolloutServiceConfig):
@@ -73,64 +65,46 @@ class RolloutDeployment(BatchCalls):
         """Serve's health check: fails while a worker is dead or the state is unusable."""
         raise_if_unhealthy("rollout", self.controller.health_problems())
 
-    @rpc_method(rollout_pb2.GenerateSequencesResponse)
-    async def GenerateSequences(self, request, grpc_context):
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+    @batch_rpc(api.GenerateSequencesRequest)
+    async def GenerateSequences(self, request: api.GenerateSequencesRequest, call: Call):
         batch, metrics = await self.controller.generate(
-            request_batch(request.prompts, grpc_context),
-            sampling_from_proto(request.sampling, request.return_log_probs),
-            _optional(request, "expected_weights_version"),
-            deadline,
+            request.prompts,
+            sampling_settings(request.sampling, request.return_log_probs),
+            request.expected_weights_version,
+            call.deadline,
         )
-        return rollout_pb2.GenerateSequencesResponse(
-            batch=response_batch(batch, grpc_context), metrics=metrics_to_proto(metrics)
-        )
+        return api.BatchAnswer(batch, metrics)
 
-    @rpc_method(rollout_pb2.ComputeLogProbResponse)
-    async def ComputeLogProb(self, request, grpc_context):
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+    @batch_rpc(api.ComputeLogProbRequest)
+    async def ComputeLogProb(self, request: api.ComputeLogProbRequest, call: Call):
         batch, metrics = await self.controller.compute_log_prob(
-            request_batch(request.batch, grpc_context),
+            request.batch,
             request.return_entropy,
-            _optional(request, "expected_weights_version"),
-            deadline,
+            request.expected_weights_version,
+            call.deadline,
             return_sum_pi_squared=request.return_sum_pi_squared,
         )
-        return rollout_pb2.ComputeLogProbResponse(
-            batch=response_batch(batch, grpc_context), metrics=metrics_to_proto(metrics)
-        )
+        return api.BatchAnswer(batch, metrics)
 
-    @rpc_method(reference_pb2.ComputeRefLogProbResponse)
-    async def ComputeRefLogProb(self, request, grpc_context):
+    @batch_rpc(api.ComputeRefLogProbRequest)
+    async def ComputeRefLogProb(self, request: api.ComputeRefLogProbRequest, call: Call):
         # ReferenceService's RPC, served here when the reference is merged into the actor
         # (serve_reference): callers address this app with the ReferenceService stub.
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        batch, metrics = await self.controller.compute_ref_log_prob(
-            request_batch(request.batch, grpc_context), deadline
-        )
-        return reference_pb2.ComputeRefLogProbResponse(
-            batch=response_batch(batch, grpc_context), metrics=metrics_to_proto(metrics)
-        )
+        batch, metrics = await self.controller.compute_ref_log_prob(request.batch, call.deadline)
+        return api.BatchAnswer(batch, metrics)
 
-    @rpc_method(rollout_pb2.UpdateActorResponse)
-    async def UpdateActor(self, request, grpc_context):
-        self.lease.check("UpdateActor", grpc_context.invocation_metadata())
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
+    @batch_rpc(api.UpdateActorRequest)
+    async def UpdateActor(self, request: api.UpdateActorRequest, call: Call):
+        self.lease.check("UpdateActor", call.metadata)
         result = await self.controller.update_actor(
-            request.step,
-            request.weights_version,
-            request_batch(request.batch, grpc_context),
-            deadline,
+            request.step, request.weights_version, request.batch, call.deadline
         )
-        return rollout_pb2.UpdateActorResponse(
-            metrics=metrics_to_proto(result.metrics),
-            weights_version=result.weights_version,
-            replayed=result.replayed,
-            batch=None if result.scores is None else response_batch(result.scores, grpc_context),
+        return api.UpdateAnswer(
+            result.metrics, result.weights_version, result.replayed, result.scores
         )
 
     @rpc_method(rollout_pb2.RolloutServiceGetInfoResponse)
-    async def GetInfo(self, request, grpc_context):
+    async def GetInfo(self, request, call: Call):
         # Serve routes by method name, so ReferenceService.GetInfo (merged reference)
         # arrives here too; answer in the type the caller's stub expects.
         response_cls = (
@@ -156,33 +130,30 @@ class RolloutDeployment(BatchCalls):
         )
 
     @rpc_method(rollout_pb2.RolloutServiceSaveCheckpointResponse)
-    async def SaveCheckpoint(self, request, grpc_context):
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        version, step = await self.controller.save_checkpoint(request.location.path, deadline)
+    async def SaveCheckpoint(self, request, call: Call):
+        version, step = await self.controller.save_checkpoint(request.location.path, call.deadline)
         return rollout_pb2.RolloutServiceSaveCheckpointResponse(
             weights_version=version, last_applied_step=step
         )
 
     @rpc_method(rollout_pb2.RolloutServiceLoadCheckpointResponse)
-    async def LoadCheckpoint(self, request, grpc_context):
-        self.lease.check("LoadCheckpoint", grpc_context.invocation_metadata())
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        version, step = await self.controller.load_checkpoint(request.location.path, deadline)
+    async def LoadCheckpoint(self, request, call: Call):
+        self.lease.check("LoadCheckpoint", call.metadata)
+        version, step = await self.controller.load_checkpoint(request.location.path, call.deadline)
         return rollout_pb2.RolloutServiceLoadCheckpointResponse(
             weights_version=version, last_applied_step=step
         )
 
     @rpc_method(rollout_pb2.RolloutServiceResetResponse)
-    async def Reset(self, request, grpc_context):
-        self.lease.check("Reset", grpc_context.invocation_metadata())
-        deadline = Deadline.from_metadata(grpc_context.invocation_metadata())
-        version, step = await self.controller.reset(deadline)
+    async def Reset(self, request, call: Call):
+        self.lease.check("Reset", call.metadata)
+        version, step = await self.controller.reset(call.deadline)
         return rollout_pb2.RolloutServiceResetResponse(
             weights_version=version, last_applied_step=step
         )
 
     @rpc_method(rollout_pb2.RolloutServiceLeaseResponse)
-    async def Lease(self, request, grpc_context):
+    async def Lease(self, request, call: Call):
         if request.release:
             holder, left = self.lease.release(request.run_id)
         else:
@@ -194,7 +165,3 @@ class RolloutDeployment(BatchCalls):
     def _lease_info(self) -> common_pb2.RunLease:
         holder, left = self.lease.current()
         return common_pb2.RunLease(holder=holder, expires_in_s=left)
-
-
-def _optional(request, field: str) -> int | None:
-    return getattr(request, field) if request.HasField(field) else None

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from rlserve.core import tracing
+from rlserve.core import api, tracing
 from rlserve.core.algos.advantage_registry import estimator_needs
 from rlserve.core.algos.dapo import truncated_responses
 from rlserve.core.algos.kl import AdaptiveKLController, FixedKLController
@@ -63,7 +63,7 @@ from rlserve.trainer.dynamic_sampling import informative_batch
 from rlserve.trainer.rewards import Rewards, warn_reward_failures
 from rlserve.trainer.schedule import Generation, schedule_for
 from rlserve.trainer.step_metrics import step_metrics
-from rlserve.v1 import critic_pb2, reference_pb2, rollout_pb2
+from rlserve.v1 import critic_pb2, rollout_pb2
 
 SEQUENCE_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 
@@ -158,11 +158,9 @@ class PPOTrainer:
 
     # --- generation -------------------------------------------------------------------
 
-    def _sampling(
-        self, step: int, round_index: int = 0, greedy: bool = False
-    ) -> rollout_pb2.SamplingParams:
+    def _sampling(self, step: int, round_index: int = 0, greedy: bool = False) -> api.Sampling:
         rollout = self.config.rollout
-        return rollout_pb2.SamplingParams(
+        return api.Sampling(
             temperature=0.0 if greedy else rollout.temperature,
             top_p=rollout.top_p,
             top_k=rollout.top_k,
@@ -178,34 +176,21 @@ class PPOTrainer:
     async def _generate(
         self,
         rows: list[PromptRow],
-        sampling: rollout_pb2.SamplingParams,
+        sampling: api.Sampling,
         return_log_probs: bool = False,
         weights_version: int | None = None,
     ):
         """Responses to `rows` from weights `weights_version` (default: the current)."""
         if weights_version is None:
             weights_version = self.state.weights_version
-        request = rollout_pb2.GenerateSequencesRequest(
-            sampling=sampling,
-            expected_weights_version=weights_version,
-            return_log_probs=return_log_probs,
+        request = api.GenerateSequencesRequest(
+            prompt_batch(rows, self.tokenizer), sampling, weights_version, return_log_probs
         )
-        prompts = prompt_batch(rows, self.tokenizer)
-        samples = len(prompts) * max(sampling.responses_per_prompt, 1)
-        width = prompts["input_ids"].shape[1] + sampling.max_new_tokens
-        # the answer is several int64 [samples, width] tensors (ids, masks, responses),
-        # far larger than the prompts: it decides the route
-        response, sequences = await self.clients.rollout.call_with_batch(
-            "GenerateSequences",
-            request,
-            prompts,
-            field="prompts",
-            response_bytes=4 * samples * width * 8,
-        )
-        return sequences, dict(response.metrics)
+        answer = await self.clients.rollout.call_api(request)
+        return answer.batch, answer.metrics
 
     async def _generate_step(
-        self, rows: list[PromptRow], sampling: rollout_pb2.SamplingParams, weights_version: int
+        self, rows: list[PromptRow], sampling: api.Sampling, weights_version: int
     ):
         """A training generation: with the engine's log-probs when rollout correction
         (RunConfig.rollout_is_cap) needs them."""
@@ -286,11 +271,11 @@ class PPOTrainer:
         actor_batch, actor_batch_metrics = self._actor_batch(batch, single_pass, correction_metrics)
 
         update_results = await self._updates(step, batch, actor_batch, timings)
-        actor_update, update_scores = update_results["update_actor"]
+        actor_update = update_results["update_actor"]
         replayed_updates = self._check_updates(step, update_results)
         self.state.weights_version = actor_update.weights_version
         if single_pass:
-            batch, drift = self._with_update_scores(batch, update_scores)
+            batch, drift = self._with_update_scores(batch, actor_update.scores)
             adv_metrics = {**adv_metrics, **drift}
         kl_mean = float(adv_metrics["kl_mean"])
         self.kl_controller.update(kl_mean, n_steps=len(batch))
@@ -394,14 +379,13 @@ class PPOTrainer:
         needs = estimator_needs(self.config.algorithm.adv_estimator)
         calls: dict[str, Awaitable[Any]] = {}
         if not single_pass:
-            request = rollout_pb2.ComputeLogProbRequest(
+            request = api.ComputeLogProbRequest(
+                sequences,
                 return_entropy=True,
                 expected_weights_version=self.state.weights_version,
                 return_sum_pi_squared="sum_pi_squared" in needs,
             )
-            calls["log_prob"] = self.clients.rollout.call_with_batch(
-                "ComputeLogProb", request, sequences
-            )
+            calls["log_prob"] = self.clients.rollout.call_api(request)
         if "scores" not in batch.tensors:
             calls["reward"] = self.rewards.rewards(batch)
         if "baseline_scores" in needs:
@@ -409,13 +393,11 @@ class PPOTrainer:
             assert generation.rows is not None
             calls["greedy_baseline"] = self._greedy_baseline(generation.rows, step)
         if self.clients.reference is not None:
-            calls["ref_log_prob"] = self.clients.reference.call_with_batch(
-                "ComputeRefLogProb", reference_pb2.ComputeRefLogProbRequest(), sequences
+            calls["ref_log_prob"] = self.clients.reference.call_api(
+                api.ComputeRefLogProbRequest(sequences)
             )
         if self.clients.critic is not None:
-            calls["values"] = self.clients.critic.call_with_batch(
-                "ComputeValues", critic_pb2.ComputeValuesRequest(), sequences
-            )
+            calls["values"] = self.clients.critic.call_api(api.ComputeValuesRequest(sequences))
         return calls
 
     def _with_forward_results(
@@ -425,7 +407,7 @@ class PPOTrainer:
         is on (`_rollout_is_weights`, whose metrics are returned)."""
         extra = {}
         if "log_prob" in results:
-            log_probs = results["log_prob"][1]
+            log_probs = results["log_prob"].batch
             extra = {"old_log_probs": log_probs["log_probs"], "entropy": log_probs["entropy"]}
             if "sum_pi_squared" in log_probs.tensors:
                 extra["sum_pi_squared"] = log_probs["sum_pi_squared"]
@@ -436,9 +418,9 @@ class PPOTrainer:
             prompt_index = torch.tensor([int(uid) for uid in batch["uid"]], dtype=torch.int64)
             extra["baseline_scores"] = results["greedy_baseline"][prompt_index]
         if "ref_log_prob" in results:
-            extra["ref_log_probs"] = results["ref_log_prob"][1]["ref_log_probs"]
+            extra["ref_log_probs"] = results["ref_log_prob"].batch["ref_log_probs"]
         if "values" in results:
-            extra["values"] = results["values"][1]["values"]
+            extra["values"] = results["values"].batch["values"]
         batch = Batch(
             tensors={**batch.tensors, **extra}, non_tensors=batch.non_tensors, meta=batch.meta
         )
@@ -529,19 +511,15 @@ class PPOTrainer:
         self, step: int, batch: Batch, actor_batch: Batch, timings: dict[str, float]
     ) -> dict[str, Any]:
         """The actor's and critic's updates, concurrently, each timed and together
-        (time/update_wall_s); name -> (response, batch)."""
-        actor_request = rollout_pb2.UpdateActorRequest(
-            step=step, weights_version=self.state.weights_version
-        )
+        (time/update_wall_s); name -> its answer."""
+        actor_request = api.UpdateActorRequest(step, self.state.weights_version, actor_batch)
         updates: dict[str, Awaitable[Any]] = {
-            "update_actor": self._update_actor(actor_request, actor_batch, timings)
+            "update_actor": self._update_actor(actor_request, timings)
         }
         if self.clients.critic is not None:
             critic_keys = [*SEQUENCE_KEYS, "values", "returns"]
             critic_batch = batch.select(tensor_keys=critic_keys, non_tensor_keys=[])
-            update = self.clients.critic.call_with_batch(
-                "UpdateCritic", critic_pb2.UpdateCriticRequest(step=step), critic_batch
-            )
+            update = self.clients.critic.call_api(api.UpdateCriticRequest(step, critic_batch))
             updates["update_critic"] = _timed("update_critic", timings, update)
         update_started = time.perf_counter()
         update_results = dict(zip(updates, await asyncio.gather(*updates.values()), strict=True))
@@ -550,13 +528,12 @@ class PPOTrainer:
 
     async def _update_actor(
         self,
-        request: rollout_pb2.UpdateActorRequest,
-        actor_batch: Batch,
+        request: api.UpdateActorRequest,
         timings: dict[str, float],
-    ) -> tuple[rollout_pb2.UpdateActorResponse, Batch | None]:
+    ) -> api.UpdateAnswer:
         # one_step_off: the next step's generation expects the weights this update replaces
         timings["time/update_actor_waits_generation_s"] = await self.schedule.before_actor_update()
-        update = self.clients.rollout.call_with_batch("UpdateActor", request, actor_batch)
+        update = self.clients.rollout.call_api(request)
         return await _timed("update_actor", timings, update)
 
     def _with_update_scores(
@@ -592,7 +569,7 @@ class PPOTrainer:
         """
         replayed = 0
         expected = {"update_actor": self.state.weights_version + 1}
-        for name, (response, _) in update_results.items():
+        for name, response in update_results.items():
             if not response.replayed:
                 continue
             replayed += 1

@@ -10,6 +10,7 @@ from collections import Counter
 
 import torch
 
+from rlserve.core import api
 from rlserve.core.algos.advantage_registry import estimator_needs
 from rlserve.core.algos.dapo import overlong_penalty
 from rlserve.core.batch import Batch
@@ -33,7 +34,7 @@ class Rewards:
         # GDPO's reward kinds and weights, from the reward service on first use
         self._kind_weights: dict[str, float] | None = None
 
-    async def score(self, batch: Batch) -> Batch:
+    async def score(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The reward service's answer: "scores" (B,), and "scores_<kind>" per kind.
         Token ids go only to a service with a reward model: the others read text alone,
         and a rule or HTTP replica on a node without torch could not take tensors by the
@@ -44,11 +45,9 @@ class Rewards:
             non_tensor_keys=["response_text", "ground_truth", "prompt_text"],
             meta_keys=[],
         )
-        response, scores = await self.client.call_with_batch(
-            "ComputeReward", reward_pb2.ComputeRewardRequest(), reward_input
-        )
-        self.figures.update(dict(response.metrics))
-        return scores
+        answer = await self.client.call_api(api.ComputeRewardRequest(reward_input))
+        self.figures.update(answer.metrics)
+        return {key: torch.from_numpy(scores) for key, scores in answer.scores.items()}
 
     async def rewards(self, batch: Batch) -> dict[str, torch.Tensor]:
         """{"scores": (B,) float32}: the reward service's scores, plus DAPO's overlong

@@ -28,7 +28,7 @@ def step_metrics(
     """The step's metrics from its trained `batch` (scores, masks, entropy, baseline
     scores) and `adv_metrics` (compute_advantages'), the weights version its update made,
     the step's staleness and replayed updates, its wall time `step_s` and `timings`,
-    the updates' answers (name -> (response, batch)), the generation's metrics
+    the updates' answers (name -> api.UpdateAnswer), the generation's metrics
     (generate/*), the actor batch's filters' metrics (overlong/*, rollout_is/*), the
     reward service's figures (reward/*) and the overlong penalty per sample when it is
     on. `kl_mean`: the mean over sequences of each one's mean token KL (VeRL's choice):
@@ -36,7 +36,7 @@ def step_metrics(
     mask = batch["response_mask"].float()
     response_tokens = float(mask.sum())
     scores = batch["scores"]
-    actor_update = update_results["update_actor"][0]
+    actor_update = update_results["update_actor"]
     metrics = {
         "reward_mean": float(scores.mean()),
         "reward_std": float(scores.std()) if len(scores) > 1 else 0.0,
@@ -65,6 +65,6 @@ def step_metrics(
     if "baseline_scores" in batch.tensors:
         metrics["remax/baseline_mean"] = float(batch["baseline_scores"].mean())
     if "update_critic" in update_results:
-        critic_update = update_results["update_critic"][0]
+        critic_update = update_results["update_critic"]
         metrics.update({f"critic/{k}": v for k, v in critic_update.metrics.items()})
     return metrics
