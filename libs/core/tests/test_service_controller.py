@@ -12,6 +12,7 @@ from rlserve.core.batch import Batch
 from rlserve.core.service.controller import (
     AppliedStep,
     StatefulController,
+    UpdateWork,
     parse_client_state,
 )
 from rlserve.core.serving import Deadline, RpcError, invalid_argument
@@ -28,6 +29,13 @@ class FakeGroup:
 
     def dead_workers(self) -> list[str]:
         return []
+
+    async def run_each(self, method, shares, fail=None):
+        """Each rank's share back, or `fail` raised (a rank lost part-way)."""
+        self.calls.append(method)
+        if fail is not None:
+            raise fail
+        return shares
 
     async def run_all(self, method, *args, **kwargs):
         self.calls.append(method)
@@ -48,16 +56,14 @@ class Controller(StatefulController):
         async def check():
             if not len(batch):
                 raise invalid_argument("batch", "empty batch")
-            return batch
+            return UpdateWork(
+                "update",
+                [batch] * len(self.group),
+                lambda answers, update_s: ({"loss": float(answers[0]["x"].sum())}, None),
+                {"fail": fail},
+            )
 
-        async def apply(checked):
-            if fail is not None:
-                raise fail
-            return {"loss": float(checked["x"].sum())}, None
-
-        return await self.update(
-            "UpdateCritic", step, batch, Deadline(), check, apply, precondition
-        )
+        return await self.update("UpdateCritic", step, batch, Deadline(), check, precondition)
 
 
 def batch(value: float) -> Batch:

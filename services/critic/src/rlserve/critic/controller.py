@@ -29,7 +29,7 @@ from typing import Any
 from rlserve.core.batch import Batch
 from rlserve.core.config import fields_from
 from rlserve.core.rank_worker import RankSetup
-from rlserve.core.service.controller import StatefulController
+from rlserve.core.service.controller import StatefulController, UpdateWork
 from rlserve.core.service.plan import MiniBatchPlan, RankUpdate
 from rlserve.core.serving import Deadline
 from rlserve.core.training import OptimizerSettings
@@ -110,7 +110,7 @@ class CriticController(StatefulController):
     ) -> tuple[dict[str, float], int, bool]:
         """(metrics, weights_version after the step, replayed)."""
 
-        async def check() -> tuple[Batch, list[RankUpdate]]:
+        async def check() -> UpdateWork:
             clean = update_batch(
                 batch,
                 await self.vocab_size(),
@@ -118,12 +118,14 @@ class CriticController(StatefulController):
                 self.plan.ppo_mini_batch_samples,
                 self.bounds.max_request_tokens,
             )
-            return clean, self._plan(step, clean)
+            tokens = float(clean.tensors["response_mask"].sum())
+            return UpdateWork(
+                UPDATE_CRITIC,
+                self._plan(step, clean),
+                lambda answers, update_s: (_update_metrics(answers, tokens, update_s), None),
+            )
 
-        async def apply(checked: tuple[Batch, list[RankUpdate]]) -> tuple[dict[str, float], None]:
-            return await self._train(*checked), None
-
-        record, replayed = await self.update("UpdateCritic", step, batch, deadline, check, apply)
+        record, replayed = await self.update("UpdateCritic", step, batch, deadline, check)
         return record.metrics, record.weights_version, replayed
 
     def _plan(self, step: int, batch: Batch) -> list[RankUpdate]:
@@ -137,22 +139,21 @@ class CriticController(StatefulController):
         )
         return plan.rank_updates(batch, self.plan.loss_agg_mode)
 
-    async def _train(self, batch: Batch, plan: list[RankUpdate]) -> dict[str, float]:
-        start = time.perf_counter()
-        per_rank = await self.group.run_each(UPDATE_CRITIC, plan)
-        mini_batches = len(per_rank[0])
-        totals = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "grad_norm": 0.0, "lr": 0.0}
-        for index in range(mini_batches):
-            ranks = [results[index] for results in per_rank]
-            tokens = sum(r["tokens"] for r in ranks)
-            totals["vf_loss"] += sum(r["vf_loss"] for r in ranks)
-            totals["vf_clipfrac"] += sum(r["clipped_tokens"] for r in ranks) / max(tokens, 1.0)
-            totals["grad_norm"] += ranks[0]["grad_norm"]
-            totals["lr"] += ranks[0]["lr"]
-        metrics = {key: value / mini_batches for key, value in totals.items()}
-        metrics.update(
-            update_s=time.perf_counter() - start,
-            tokens=float(batch.tensors["response_mask"].sum()),
-            mini_batches=float(mini_batches),
+
+def _update_metrics(per_rank: list[Any], tokens: float, update_s: float) -> dict[str, float]:
+    """An update's metrics from each rank's per-mini-batch answers: losses summed over
+    ranks, clip fractions over the mini-batch's tokens, each averaged over mini-batches."""
+    mini_batches = len(per_rank[0])
+    totals = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "grad_norm": 0.0, "lr": 0.0}
+    for index in range(mini_batches):
+        ranks = [results[index] for results in per_rank]
+        mini_batch_tokens = sum(r["tokens"] for r in ranks)
+        totals["vf_loss"] += sum(r["vf_loss"] for r in ranks)
+        totals["vf_clipfrac"] += sum(r["clipped_tokens"] for r in ranks) / max(
+            mini_batch_tokens, 1.0
         )
-        return metrics
+        totals["grad_norm"] += ranks[0]["grad_norm"]
+        totals["lr"] += ranks[0]["lr"]
+    metrics = {key: value / mini_batches for key, value in totals.items()}
+    metrics.update(update_s=update_s, tokens=tokens, mini_batches=float(mini_batches))
+    return metrics

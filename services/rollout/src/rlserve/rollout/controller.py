@@ -37,6 +37,7 @@ tests, the root conftest's in_process_group with the same interface).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.config import fields_from
-from rlserve.core.service.controller import StatefulController
+from rlserve.core.service.controller import StatefulController, UpdateWork
 from rlserve.core.service.plan import MiniBatchPlan, count_columns, units_of
 from rlserve.core.serving import Deadline, RpcError, failed_precondition
 from rlserve.core.validation import TEMPERATURE_META_KEY, scoring_temperature
@@ -269,7 +270,7 @@ class RolloutController(StatefulController):
         """
         settings = self.settings
 
-        async def check() -> tuple[MiniBatchPlan, list[Batch], float]:
+        async def check() -> UpdateWork:
             clean = check_update_batch(
                 batch,
                 settings.vocab_size,
@@ -281,23 +282,15 @@ class RolloutController(StatefulController):
             per_rank = plan.ordered_shares(
                 self._update_work(clean), with_counts=settings.loss_normalizer == "mini_batch"
             )
-            return plan, per_rank, scoring_temperature(clean, settings.temperature)
-
-        async def apply(checked: tuple[MiniBatchPlan, list[Batch], float]) -> tuple[dict, Any]:
-            plan, per_rank, temperature = checked
+            # without old log-probs the update's own forward is the behaviour policy
             single_pass = "old_log_probs" not in per_rank[0].tensors
-            start = time.perf_counter()
-            results = await self.group.run_each(
-                UPDATE_ACTOR, per_rank, temperature=temperature, return_scores=single_pass
+            temperature = scoring_temperature(clean, settings.temperature)
+            return UpdateWork(
+                UPDATE_ACTOR,
+                per_rank,
+                functools.partial(_update_result, plan, len(batch), single_pass),
+                {"temperature": temperature, "return_scores": single_pass},
             )
-            scores = None
-            if single_pass:
-                scores = plan.in_request_order([part for _, part in results], len(batch))
-                results = [rank_metrics for rank_metrics, _ in results]
-            metrics = _merge_rank_metrics(results)
-            metrics["update_s"] = time.perf_counter() - start
-            metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["update_s"], 1e-9)
-            return metrics, scores
 
         record, replayed = await self.update(
             "UpdateActor",
@@ -305,7 +298,6 @@ class RolloutController(StatefulController):
             batch,
             deadline,
             check,
-            apply,
             lambda: self._check_version("weights_version", weights_version),
         )
         return UpdateResult(record.metrics, record.weights_version, replayed, record.scores)
@@ -377,6 +369,21 @@ def with_mini_batch_counts(shares: list[Batch], share_rows: int) -> list[Batch]:
     ]
     columns = count_columns([t for t, _ in units], [q for _, q in units], share_rows)
     return [Batch({**s.tensors, **columns}, s.non_tensors, s.meta) for s in shares]
+
+
+def _update_result(
+    plan: MiniBatchPlan, rows: int, single_pass: bool, answers: list[Any], update_s: float
+) -> tuple[dict[str, float], Batch | None]:
+    """An update's metrics from its ranks' answers, and for a single pass the log-probs
+    and entropy of its own forward, in the request's row order."""
+    scores = None
+    if single_pass:
+        scores = plan.in_request_order([part for _, part in answers], rows)
+        answers = [rank_metrics for rank_metrics, _ in answers]
+    metrics = _merge_rank_metrics(answers)
+    metrics["update_s"] = update_s
+    metrics["tokens_per_s"] = metrics["tokens"] / max(update_s, 1e-9)
+    return metrics, scores
 
 
 def _merge_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:

@@ -25,8 +25,9 @@ The rollout's and the critic's controllers subclass it and keep only their own w
      result (replayed=True) and trains nothing; no precondition on the current state is
      checked, since a retry carries the version its own update consumed;
   4. *apply* — the service's preconditions on the current state (the rollout's weights
-     version), then the work; a failure marks the state broken, success bumps the
-     version and records the result.
+     version), then the work the checks returned (UpdateWork: one worker method on
+     every rank); a failure marks the state broken, success bumps the version and
+     records the result.
 
 - **Checkpoints**, under the service's checkpoint root (rlserve.core.checkpoint_paths),
   with one client-state format beside DeepSpeed's state (CLIENT_STATE_KEYS): a load has
@@ -41,8 +42,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +66,6 @@ from rlserve.core.worker_controller import RequestBounds, WorkerController
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-C = TypeVar("C")
 NO_DEADLINE = Deadline()
 
 
@@ -78,6 +79,22 @@ class AppliedStep:
     scores: Batch | None = None
     """Per-row results of the update's own forward (the rollout's single-pass update);
     not kept in checkpoints."""
+
+
+@dataclass(frozen=True)
+class UpdateWork:
+    """What an update asks of the workers, decided from the request alone: one call of
+    `method` on every rank, each with its share, and how the ranks' answers become the
+    step's result."""
+
+    method: str
+    """The workers' update method (rlserve.<service>.methods)."""
+    shares: list[Any]
+    """Each rank's share of the update, by rank."""
+    summarise: Callable[[list[Any], float], tuple[dict[str, float], Batch | None]]
+    """(the ranks' answers, seconds they took) -> (metrics, per-row scores or None)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of every rank's call."""
 
 
 CLIENT_STATE_KEYS = ("weights_version", "last_applied_step", "updates")
@@ -191,22 +208,20 @@ class StatefulController(WorkerController):
         step: int,
         batch: Batch,
         deadline: Deadline,
-        check: Callable[[], Awaitable[C]],
-        apply: Callable[[C], Awaitable[tuple[dict[str, float], Batch | None]]],
+        check: Callable[[], Awaitable[UpdateWork]],
         precondition: Callable[[], None] | None = None,
     ) -> tuple[AppliedStep, bool]:
         """One update step by the update rule (module doc); (its result, replayed).
 
-        `check()` checks the request (before the lock) and returns what `apply` trains
-        on; `apply(checked)` runs the workers and returns (metrics, per-row scores or
-        None); `precondition()` checks the request against the current state, for a
-        new step only.
+        `check()` checks the request (before the lock) and returns the work it asks of
+        the workers; `precondition()` checks the request against the current state, for
+        a new step only.
         """
         if step < 0:
             raise invalid_argument("step", f"must be >= 0, got {step}")
         stage = f"{rpc} step {step}"
         deadline.check(stage)
-        checked = await check()
+        update_work = await check()
         fingerprint = batch_fingerprint(batch)
 
         async def work() -> tuple[AppliedStep, bool]:
@@ -218,7 +233,11 @@ class StatefulController(WorkerController):
             if precondition is not None:
                 precondition()
             try:
-                metrics, scores = await apply(checked)
+                started = time.perf_counter()
+                answers = await self.group.run_each(
+                    update_work.method, update_work.shares, **update_work.options
+                )
+                metrics, scores = update_work.summarise(answers, time.perf_counter() - started)
             except BaseException as error:
                 # Some ranks may have stepped their optimizer and others not.
                 self.access.mark_broken(stage, error)
