@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import re
 import types
 import typing
@@ -130,6 +131,27 @@ class ConfigError(ValueError):
 
 
 # --- YAML -------------------------------------------------------------------------------
+
+
+def import_object(spec: str, kind: str) -> Any:
+    """The object a "package.module:attribute" path names (a user's rule, tool, ...).
+
+    Raises:
+        ConfigError: a malformed path, an unimportable module or a missing attribute,
+            naming `kind` ("function", "class"); the field path is relative ("" = the
+            field holding `spec`), so a config validator can re-root it.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError("", f"{spec!r}: an import path looks like 'package.module:{kind}'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError("", f"cannot import module {module_name!r}: {error}") from None
+    found = getattr(module, attribute, None)
+    if found is None:
+        raise ConfigError("", f"module {module_name!r} has no {kind} {attribute!r}")
+    return found
 
 
 class _Loader(yaml.SafeLoader):

@@ -15,27 +15,22 @@ from typing import Any
 from ray import serve
 
 from rlserve.core.config import validate_config
-from rlserve.core.message_limits import REWARD_LIMIT_BYTES, with_message_limit
+from rlserve.core.message_limits import REWARD_LIMIT_BYTES
+from rlserve.core.replica_pool import replica_deployment_options
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.deployment import RewardDeployment
 
 
 def deployment_options(config: RewardServiceConfig) -> dict[str, Any]:
     """Serve `.options(...)` for the reward deployment."""
-    actor_options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica, "num_gpus": 0}
-    if config.placement.resources:
-        actor_options["resources"] = dict(config.placement.resources)
-    if config.placement.label_selector:
-        actor_options["label_selector"] = dict(config.placement.label_selector)
-    options: dict[str, Any] = {
-        "ray_actor_options": with_message_limit(actor_options, REWARD_LIMIT_BYTES),
-        "max_ongoing_requests": config.max_ongoing_requests,
-    }
-    if config.autoscaling_config is not None:
-        options["autoscaling_config"] = config.autoscaling_config.model_dump(exclude_none=True)
-    else:
-        options["num_replicas"] = config.num_replicas or 1
-    return options
+    return replica_deployment_options(
+        config.num_cpus_per_replica,
+        config.placement,
+        config.max_ongoing_requests,
+        config.autoscaling_config,
+        config.num_replicas,
+        REWARD_LIMIT_BYTES,
+    )
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

@@ -27,50 +27,14 @@ HTTP API contract (kind `http`), one POST per sample:
     finite "score", is a permanent failure of that sample.
 """
 
-import math
-
 from pydantic import Field, model_validator
 
 from rlserve.core.auth import ServiceAuth
-from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.config import ConfigError
+from rlserve.core.replica_pool import ReplicaPlacementConfig
 from rlserve.core.reward_settings import RewardKindsConfig, RewardSettings
 from rlserve.core.tracing_config import TracingConfig
 from rlserve.reward.rules import resolve_rule
-
-# Resources Ray schedules by their own options; a custom resource must not shadow them.
-_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-class PlacementConfig(ConfigModel):
-    """Which Ray nodes replicas may run on (e.g. a pool of cheap CPU nodes)."""
-
-    resources: dict[str, float] = Field(default_factory=dict)
-    """Custom Ray resources each replica needs, name -> amount, e.g. {"cpu_pool": 0.001}:
-    start the cheap nodes with `ray start --resources='{"cpu_pool": 1000}'`."""
-    label_selector: dict[str, str] = Field(default_factory=dict)
-    """Ray node-label selector, e.g. {"node-pool": "cpu"} (nodes started with
-    `ray start --labels='{"node-pool": "cpu"}'`); values may use Ray's operators (!, in())."""
-
-    @model_validator(mode="after")
-    def _check(self) -> "PlacementConfig":
-        issues = []
-        for name, amount in self.resources.items():
-            if name in _BUILTIN_RESOURCES:
-                issues.append(
-                    (f"resources.{name}", "built-in resource; set num_cpus_per_replica instead")
-                )
-            elif not math.isfinite(amount) or amount <= 0:
-                issues.append((f"resources.{name}", f"amount must be > 0 and finite; got {amount}"))
-        if self.label_selector:
-            # Ray's own check (the one Serve applies later), so a bad selector fails here.
-            from ray._private.label_utils import validate_label_selector
-
-            problem = validate_label_selector(self.label_selector)
-            if problem:
-                issues.append(("label_selector", problem))
-        if issues:
-            raise ConfigError(issues)
-        return self
 
 
 class RewardServiceConfig(RewardSettings, ServiceAuth):
@@ -80,7 +44,7 @@ class RewardServiceConfig(RewardSettings, ServiceAuth):
     """Reward kinds and their weights (required here; a run's default is its rule)."""
     num_cpus_per_replica: float = Field(1.0, gt=0, allow_inf_nan=False)
     """Logical CPUs Ray reserves per replica; replicas take no GPU."""
-    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    placement: ReplicaPlacementConfig = Field(default_factory=ReplicaPlacementConfig)
     """Node placement of the replicas."""
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     """OpenTelemetry span export of this service (and its workers); off by default. The

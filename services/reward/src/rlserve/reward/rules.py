@@ -25,7 +25,6 @@ a registered name, or "package.module:function" for a user's own rule. Unknown n
 raise a ConfigError listing the registered ones.
 """
 
-import importlib
 import inspect
 import re
 import re._constants as sre_constants
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from rlserve.core.config import ConfigError
+from rlserve.core.config import ConfigError, import_object
 from rlserve.core.embedded.task import exact_match
 
 RuleFn = Callable[..., float]
@@ -178,15 +177,9 @@ def resolve_rule(spec: str) -> RuleFn:
                 "(or give your own as 'package.module:function')",
             )
         return RULES[spec]
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError("", f"{spec!r}: an import path looks like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError("", f"cannot import module {module_name!r}: {error}") from None
-    fn = getattr(module, attribute, None)
-    if fn is None or not callable(fn):
+    fn = import_object(spec, "function")
+    if not callable(fn):
+        module_name, _, attribute = spec.partition(":")
         raise ConfigError("", f"module {module_name!r} has no function {attribute!r}")
     return fn
 
