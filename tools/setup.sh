@@ -28,7 +28,7 @@ if [ "$profile" = gpu ]; then
 else
   "${pip[@]}" install torch==2.13.0
 fi
-editables=(libs/proto libs/core services/rollout services/critic services/reference services/reward services/trainer)
+editables=(libs/proto libs/core services/rollout services/critic services/reference services/reward services/environment services/trainer)
 args=()
 # The core and the reward service install light without [model] (a cheap reward node);
 # here every test needs the model parts too.

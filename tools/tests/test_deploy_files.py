@@ -12,6 +12,8 @@ No Ray cluster is started. What is checked:
   by a KubeRay worker group whose pods can hold the bundles (rlserve.core.placement's own
   feasibility check), and the reward's group has no GPU;
 - grpc_options register every servicer of rlserve.core.cluster.SERVICER_FUNCTIONS;
+- the services deployed alone (STANDALONE: no run deploys them yet) validate, build
+  offline without a GPU, and land on a pool a KubeRay worker group carries;
 - the ray start scripts pass `bash -n`, and their DRY_RUN commands parse as `ray start`
   arguments of the installed Ray, with the pool labels the Serve files select; they turn
   Ray's token auth on, the head writes the token files it lacks (this user's only), a
@@ -41,6 +43,7 @@ from rlserve.core.config import load_config, validate_config
 from rlserve.core.placement import PlacementError, check_feasible
 from rlserve.core.run_config import RunConfig
 from rlserve.critic.config import CriticServiceConfig
+from rlserve.environment.config import EnvironmentServiceConfig
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.rollout.config import RolloutServiceConfig
@@ -54,6 +57,8 @@ KUBERAY_DIR = DEPLOY / "kuberay"
 RUN_CONFIG = DEPLOY / "run_config.yaml"
 
 ROLES = ("rollout", "critic", "reference", "reward")
+STANDALONE = {"environment": EnvironmentServiceConfig}
+"""Services with a Serve file of their own that runs do not deploy (yet)."""
 WORKER_ROLES = ("rollout", "critic", "reference")
 CONFIG_MODELS = {
     "rollout": RolloutServiceConfig,
@@ -116,10 +121,12 @@ def trainer_args() -> dict[str, dict[str, Any]]:
 
 
 def test_serve_directory_holds_all_yaml_and_one_file_per_service():
-    assert sorted(path.stem for path in SERVE_DIR.glob("*.yaml")) == sorted(["all", *ROLES])
+    assert sorted(path.stem for path in SERVE_DIR.glob("*.yaml")) == sorted(
+        ["all", *ROLES, *STANDALONE]
+    )
 
 
-@pytest.mark.parametrize("name", ["all", *ROLES])
+@pytest.mark.parametrize("name", ["all", *ROLES, *STANDALONE])
 def test_serve_file_validates_as_serve_config(name: str):
     document = load_yaml(SERVE_DIR / f"{name}.yaml")
     ServeDeploySchema.model_validate(document)
@@ -229,6 +236,21 @@ def test_gpu_services_share_one_placement_group(apps: dict[str, dict[str, Any]])
         offset += workers
     assert offset == len(first["bundles"]), "bundles nobody uses, or too few"
     assert all(bundle.get("GPU", 0) >= 1 for bundle in first["bundles"])
+
+
+@pytest.mark.parametrize("name", STANDALONE)
+def test_a_standalone_service_file_is_its_configs_defaults_and_builds_offline(name: str):
+    (app,) = load_yaml(SERVE_DIR / f"{name}.yaml")["applications"]
+    assert app["route_prefix"] == f"/{name}"
+    assert app["import_path"] == f"rlserve.{name}.app:build_app"
+    config = validate_config(STANDALONE[name], app["args"])
+    # written out whole, as Serve hashes it: a default changed in code shows here
+    assert canonical(app["args"]) == canonical(config.model_dump(mode="json"))
+    module_name, function_name = app["import_path"].split(":")
+    application = getattr(importlib.import_module(module_name), function_name)(app["args"])
+    options = application._bound_deployment.ray_actor_options
+    assert options["num_gpus"] == 0
+    assert options["label_selector"] == {POOL_LABEL: "cheap"}
 
 
 # --- KubeRay ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ SERVICES = {
     "critic": "CriticService",
     "reference": "ReferenceService",
     "reward": "RewardService",
+    "environment": "EnvironmentService",
     "trainer": "TrainerService",
 }
 SERVICER_FUNCTIONS = [

@@ -25,6 +25,9 @@ OVERHEAD_BYTES = 4 * 2**20
 REWARD_LIMIT_BYTES = 64 * 2**20
 """The reward service's bound: its requests are texts (responses and ground truths),
 with no token count of their own to size them by."""
+ENVIRONMENT_LIMIT_BYTES = OVERHEAD_BYTES
+"""The environment service's bound: one tool call's arguments and the row's tool
+arguments (each at most its max_arguments_chars of text) and one observation."""
 DEFAULT_MAX_REQUEST_TOKENS = 262_144
 """The services' default max_request_tokens (what a cluster rlserve starts bounds the
 proxy for when nothing bigger was asked for)."""
