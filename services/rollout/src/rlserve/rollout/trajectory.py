@@ -62,6 +62,13 @@ class Trajectory:
         self.response_mask += [0] * len(ids)
         self.log_probs += [0.0] * len(ids)
 
+    def cut_to(self, max_response_tokens: int) -> None:
+        """Drops what lies past `max_response_tokens` after the prompt (context the
+        template or a tool added at the end: a sample that reaches the budget ends)."""
+        del self.response_ids[max_response_tokens:]
+        del self.response_mask[max_response_tokens:]
+        del self.log_probs[max_response_tokens:]
+
     @property
     def ids(self) -> list[int]:
         """What the model reads next: the prompt and everything after it."""
@@ -100,11 +107,13 @@ class ChatDeltas:
                 return end[overlap:]
         return list(end)
 
-    def message_ids(self, role: str, text: str) -> list[int]:
+    def message_ids(self, role: str, text: str, max_text_tokens: int | None = None) -> list[int]:
         """The ids of a `role` message with `text` (a tool's observation, a simulated
-        user's reply) followed by the next assistant turn's generation prompt."""
+        user's reply), its text cut to `max_text_tokens`, followed by the next assistant
+        turn's generation prompt."""
         before, after = self._delta_pieces(role)
-        return self._encode(before) + self._encode(text) + self._encode(after)
+        text_ids = self._encode(text)[:max_text_tokens]
+        return self._encode(before) + text_ids + self._encode(after)
 
     def _delta_pieces(self, role: str) -> tuple[str, str]:
         if role not in self._delta_cache:
