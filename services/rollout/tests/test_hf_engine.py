@@ -139,3 +139,20 @@ def test_a_passed_deadline_stops_generation_within_a_token_and_the_engine_serves
     with pytest.raises(RpcError):  # already passed: no work at all
         engine.generate(rows, long, deadline=time.time() - 1)
     assert engine.generate(PROMPTS, GREEDY).response_ids == greedy
+
+
+def test_a_stop_string_ends_a_response_at_the_token_that_completes_it(engine):
+    unstopped = replace(GREEDY, max_new_tokens=16, ignore_eos=True, return_log_probs=False)
+    full = engine.generate(PROMPTS, unstopped).response_ids
+    decode = engine.tokenizer.decode
+    texts = [decode(ids, skip_special_tokens=True) for ids in full]
+    # a plain-text string some greedy response reaches part-way (stop strings are text)
+    stop = next(text[3:5] for text in texts if len(text) >= 6)
+    stopped = engine.generate(PROMPTS, replace(unstopped, stop_strings=(stop, "\x00never")))
+    for ids, out in zip(full, stopped.response_ids, strict=True):
+        reached = [
+            k for k in range(1, len(ids) + 1) if stop in decode(ids[:k], skip_special_tokens=True)
+        ]
+        # greedy: the same tokens, cut right after the one that completed the stop string
+        assert out == (ids[: reached[0]] if reached else ids)
+    assert sum(map(len, stopped.response_ids)) < sum(map(len, full))

@@ -218,6 +218,25 @@ def test_n_samples_are_prompt_major(engine, hf_model, prompts):
     assert greedy.response_ids[0::2] == engine.generate(two, GREEDY).response_ids
 
 
+def test_a_stop_string_ends_a_response_at_the_token_that_completes_it(engine, model_dir, prompts):
+    from rlserve.core.modeling import load_tokenizer
+
+    decode = load_tokenizer(model_dir).decode
+    unstopped = replace(GREEDY, max_new_tokens=12, ignore_eos=True, return_log_probs=False)
+    full = engine.generate(prompts, unstopped).response_ids
+    texts = [decode(ids, skip_special_tokens=True) for ids in full]
+    # a plain-text string some greedy response reaches part-way (stop strings are text)
+    stop = next(text[3:5] for text in texts if len(text) >= 6)
+    stopped = engine.generate(prompts, replace(unstopped, stop_strings=(stop, "\x00never")))
+    for ids, out in zip(full, stopped.response_ids, strict=True):
+        reached = [
+            k for k in range(1, len(ids) + 1) if stop in decode(ids[:k], skip_special_tokens=True)
+        ]
+        # greedy: the same tokens, cut right after the one that completed the stop string
+        assert out == (ids[: reached[0]] if reached else ids)
+    assert sum(map(len, stopped.response_ids)) < sum(map(len, full))
+
+
 def test_seeded_sampling_is_reproducible_and_seed_dependent(engine, prompts):
     sampling = replace(SAMPLED, ignore_eos=True)
     first = engine.generate(prompts, sampling)

@@ -31,6 +31,9 @@ class SamplingSettings:
     """Keep generating past EOS (benchmarks)."""
     return_log_probs: bool
     """Also return the engine's log-prob of each sampled token."""
+    stop_strings: tuple[str, ...] = ()
+    """A response also ends once its text holds one of these (a tool call's closing
+    text in a multi-turn rollout); it keeps the tokens that completed it."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,8 @@ class Generated:
     """Responses for B prompts × n samples, prompt-major (all n of prompt 0 first)."""
 
     response_ids: list[list[int]]
-    """Token ids per sample, ending with EOS when it was produced; ≤ max_new_tokens."""
+    """Token ids per sample, ending with EOS or the token that completed a stop string
+    when one was produced; ≤ max_new_tokens."""
     log_probs: list[list[float]] | None
     """Per-token log-probs of response_ids under the sampling distribution, if asked."""
 

@@ -16,8 +16,9 @@ Choices:
 - Log-probs are those of the sampled token under softmax(logits / T), the temperature-
   scaled distribution before top-k/top-p truncation (T = 1 when greedy): exactly what
   ComputeLogProb computes from a full forward pass, so the two agree (≈ 1e-6 in fp32).
-- A response ends with the first EOS when the request stops at EOS; after a row finishes,
-  transformers fills it with the pad id, which is cut off here.
+- A response ends with the first EOS when the request stops at EOS, or with the token
+  that completed one of its stop strings (transformers' StopStringCriteria); after a row
+  finishes, transformers fills it with the pad id, which is cut off here.
 - Deadline: a stopping criterion ends every row once the caller's deadline has passed
   (checked after each token step), and `generate` then raises DEADLINE_EXCEEDED instead
   of returning the cut responses. The prompts' prefill is one forward pass and is not
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
 from rlserve.core.serving import Deadline, deadline_exceeded
@@ -71,6 +73,7 @@ class HFGenerationEngine:
         else:
             self.model = shared_model
         tokenizer = load_tokenizer(model_path)
+        self.tokenizer = tokenizer
         self.pad_token_id: int = tokenizer.pad_token_id
         self.eos_token_ids: frozenset[int] = _eos_token_ids(self.model, tokenizer)
         # transformers fills every setting a call leaves None from the model's
@@ -109,6 +112,9 @@ class HFGenerationEngine:
             use_cache=True,
         )
         stop = None if deadline is None else DeadlineStop(deadline)
+        criteria = [stop] if stop else []
+        if sampling.stop_strings:
+            criteria.append(StopStringCriteria(self.tokenizer, list(sampling.stop_strings)))
         cuda_devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with (
             self._inference_mode(),
@@ -120,13 +126,18 @@ class HFGenerationEngine:
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
-                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
+                stopping_criteria=StoppingCriteriaList(criteria),
             )
         if stop is not None and stop.passed:
             raise deadline_exceeded("GenerateSequences")
         new_tokens = output.sequences[:, input_ids.shape[1] :]
         host_tokens = new_tokens.cpu()
         lengths = self._response_lengths(host_tokens, stop_at_eos=not sampling.ignore_eos)
+        if sampling.stop_strings:
+            lengths = [
+                self._stop_string_length(row[:length].tolist(), sampling.stop_strings)
+                for row, length in zip(host_tokens, lengths, strict=True)
+            ]
         response_ids = [
             row[:length].tolist() for row, length in zip(host_tokens, lengths, strict=True)
         ]
@@ -198,6 +209,16 @@ class HFGenerationEngine:
         return [
             int(f) + 1 if has else width for f, has in zip(first, is_eos.any(dim=1), strict=True)
         ]
+
+    def _stop_string_length(self, ids: list[int], stop_strings: tuple[str, ...]) -> int:
+        """Tokens up to and including the one that completed a stop string (all of
+        them without one): a row that stopped so is followed by pad ids."""
+        for length in range(1, len(ids) + 1):
+            # the text as vLLM checks it too: without special tokens
+            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
+            if any(stop in text for stop in stop_strings):
+                return length
+        return len(ids)
 
 
 def _eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:

@@ -276,7 +276,10 @@ def vllm_sampling_params(sampling: SamplingSettings, row: int) -> SamplingParams
         seed=None if sampling.seed is None else sampling.seed + row * n,
         ignore_eos=sampling.ignore_eos,
         logprobs=0 if sampling.return_log_probs else None,
-        detokenize=False,
+        # vLLM finds stop strings in the text it detokenizes; otherwise it need not.
+        detokenize=bool(sampling.stop_strings),
+        stop=list(sampling.stop_strings) or None,
+        include_stop_str_in_output=True,
     )
 
 
