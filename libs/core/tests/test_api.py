@@ -45,6 +45,11 @@ def test_each_request_carries_every_field_of_its_message(request_type):
     assert names == set(request_type.PROTO.DESCRIPTOR.fields_by_name)
 
 
+def test_agent_carries_every_field_of_agent_params():
+    names = {field.name for field in fields(api.Agent)}
+    assert names == set(rollout_pb2.AgentParams.DESCRIPTOR.fields_by_name)
+
+
 REQUESTS = [
     api.GenerateSequencesRequest(
         _batch(),
@@ -53,6 +58,11 @@ REQUESTS = [
         return_log_probs=True,
     ),
     api.GenerateSequencesRequest(_batch(), api.Sampling(0.0, 3, ignore_eos=True)),
+    api.GenerateSequencesRequest(
+        _batch(),
+        api.Sampling(1.0, 64),
+        agent=api.Agent("env", "bracket", "code", 3, 5, 100, 2.5, "user"),
+    ),
     api.ComputeLogProbRequest(_batch(), True, 5, True),
     api.ComputeLogProbRequest(_batch()),
     api.UpdateActorRequest(7, 5, _batch()),

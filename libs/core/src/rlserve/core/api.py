@@ -19,7 +19,7 @@ with `reads_tensors=False`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -173,6 +173,39 @@ class Sampling:
         )
 
 
+@dataclass(frozen=True)
+class Agent:
+    """How a multi-turn response calls tools (rlserve.v1.AgentParams)."""
+
+    environment_app: str = "environment"
+    """Serve application of the environment service."""
+    tool_call_format: str = "hermes"
+    """"hermes" or "bracket"."""
+    bracket_argument: str = "expression"
+    """The argument a "bracket" call's text is passed as."""
+    max_turns: int = 4
+    max_tool_calls: int = 8
+    max_tool_response_tokens: int = 256
+    tool_timeout_s: float = 30.0
+    observation_role: str = "tool"
+
+    def to_proto(self) -> rollout_pb2.AgentParams:
+        return rollout_pb2.AgentParams(**asdict(self))
+
+    @classmethod
+    def from_proto(cls, message: rollout_pb2.AgentParams) -> Agent:
+        return cls(
+            environment_app=message.environment_app,
+            tool_call_format=message.tool_call_format,
+            bracket_argument=message.bracket_argument,
+            max_turns=message.max_turns,
+            max_tool_calls=message.max_tool_calls,
+            max_tool_response_tokens=message.max_tool_response_tokens,
+            tool_timeout_s=message.tool_timeout_s,
+            observation_role=message.observation_role or "tool",
+        )
+
+
 @dataclass
 class GenerateSequencesRequest:
     """Responses to `prompts` (input_ids and attention_mask [B, P], left-padded)."""
@@ -189,6 +222,8 @@ class GenerateSequencesRequest:
     """FAILED_PRECONDITION unless the loaded weights have this version; None = any."""
     return_log_probs: bool = False
     """Also answer the engine's log-probs of the sampled tokens (rollout_log_probs)."""
+    agent: Agent | None = None
+    """Multi-turn, tool-calling responses; None = one turn."""
 
     @property
     def batch(self) -> Batch:
@@ -206,6 +241,7 @@ class GenerateSequencesRequest:
             sampling=self.sampling.to_proto(),
             expected_weights_version=self.expected_weights_version,
             return_log_probs=self.return_log_probs,
+            agent=None if self.agent is None else self.agent.to_proto(),
         )
         _encode(self.prompts, message.prompts)
         return message
@@ -217,6 +253,7 @@ class GenerateSequencesRequest:
             Sampling.from_proto(message.sampling),
             _optional(message, "expected_weights_version"),
             message.return_log_probs,
+            Agent.from_proto(message.agent) if message.HasField("agent") else None,
         )
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlserve.v1 import common_pb2 as rlserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlserve/v1/rollout.proto\x12\nrlserve.v1\x1a\x17rlserve/v1/common.proto\"\xa9\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x1c\n\x14responses_per_prompt\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05_seed\"\xca\x01\n\x18GenerateSequencesRequest\x12\"\n\x07prompts\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12,\n\x08sampling\x18\x02 \x01(\x0b\x32\x1a.rlserve.v1.SamplingParams\x12%\n\x18\x65xpected_weights_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10return_log_probs\x18\x04 \x01(\x08\x42\x1b\n\x19_expected_weights_version\"\xb2\x01\n\x19GenerateSequencesResponse\x12 \n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12\x43\n\x07metrics\x18\x02 \x03(\x0b\x32\x32.rlserve.v1.GenerateSequencesResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb4\x01\n\x15\x43omputeLogProbRequest\x12 \n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12\x16\n\x0ereturn_entropy\x18\x02 \x01(\x08\x12%\n\x18\x65xpected_weights_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x15return_sum_pi_squared\x18\x04 \x01(\x08\x42\x1b\n\x19_expected_weights_version\"\xac\x01\n\x16\x43omputeLogProbResponse\x12 \n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12@\n\x07metrics\x18\x02 \x03(\x0b\x32/.rlserve.v1.ComputeLogProbResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"]\n\x12UpdateActorRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12 \n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12\x17\n\x0fweights_version\x18\x03 \x01(\x03\"\xd1\x01\n\x13UpdateActorResponse\x12=\n\x07metrics\x18\x01 \x03(\x0b\x32,.rlserve.v1.UpdateActorResponse.MetricsEntry\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x12\x10\n\x08replayed\x18\x03 \x01(\x08\x12 \n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x11.rlserve.v1.Batch\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1e\n\x1cRolloutServiceGetInfoRequest\"F\n\x1dRolloutServiceGetInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.rlserve.v1.ServiceInfo\"W\n#RolloutServiceSaveCheckpointRequest\x12\x30\n\x08location\x18\x01 \x01(\x0b\x32\x1e.rlserve.v1.CheckpointLocation\"Z\n$RolloutServiceSaveCheckpointResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x19\n\x11last_applied_step\x18\x02 \x01(\x03\"W\n#RolloutServiceLoadCheckpointRequest\x12\x30\n\x08location\x18\x01 \x01(\x0b\x32\x1e.rlserve.v1.CheckpointLocation\"Z\n$RolloutServiceLoadCheckpointResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x19\n\x11last_applied_step\x18\x02 \x01(\x03\"\x1c\n\x1aRolloutServiceResetRequest\"Q\n\x1bRolloutServiceResetResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x19\n\x11last_applied_step\x18\x02 \x01(\x03\"L\n\x1aRolloutServiceLeaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\x12\x0f\n\x07release\x18\x03 \x01(\x08\"B\n\x1bRolloutServiceLeaseResponse\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.rlserve.v1.RunLease2\x99\x06\n\x0eRolloutService\x12`\n\x11GenerateSequences\x12$.rlserve.v1.GenerateSequencesRequest\x1a%.rlserve.v1.GenerateSequencesResponse\x12W\n\x0e\x43omputeLogProb\x12!.rlserve.v1.ComputeLogProbRequest\x1a\".rlserve.v1.ComputeLogProbResponse\x12N\n\x0bUpdateActor\x12\x1e.rlserve.v1.UpdateActorRequest\x1a\x1f.rlserve.v1.UpdateActorResponse\x12^\n\x07GetInfo\x12(.rlserve.v1.RolloutServiceGetInfoRequest\x1a).rlserve.v1.RolloutServiceGetInfoResponse\x12s\n\x0eSaveCheckpoint\x12/.rlserve.v1.RolloutServiceSaveCheckpointRequest\x1a\x30.rlserve.v1.RolloutServiceSaveCheckpointResponse\x12s\n\x0eLoadCheckpoint\x12/.rlserve.v1.RolloutServiceLoadCheckpointRequest\x1a\x30.rlserve.v1.RolloutServiceLoadCheckpointResponse\x12X\n\x05Reset\x12&.rlserve.v1.RolloutServiceResetRequest\x1a\'.rlserve.v1.RolloutServiceResetResponse\x12X\n\x05Lease\x12&.rlserve.v1.RolloutServiceLeaseRequest\x1a\'.rlserve.v1.RolloutServiceLeaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlserve/v1/rollout.proto\x12\nrlserve.v1\x1a\x17rlserve/v1/common.proto\"\xa9\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x1c\n\x14responses_per_prompt\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\x07\n\x05_seed\"\xf2\x01\n\x18GenerateSequencesRequest\x12\"\n\x07prompts\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12,\n\x08sampling\x18\x02 \x01(\x0b\x32\x1a.rlserve.v1.SamplingParams\x12%\n\x18\x65xpected_weights_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x10return_log_probs\x18\x04 \x01(\x08\x12&\n\x05\x61gent\x18\x05 \x01(\x0b\x32\x17.rlserve.v1.AgentParamsB\x1b\n\x19_expected_weights_version\"\xd9\x01\n\x0b\x41gentParams\x12\x17\n\x0f\x65nvironment_app\x18\x01 \x01(\t\x12\x18\n\x10tool_call_format\x18\x02 \x01(\t\x12\x18\n\x10\x62racket_argument\x18\x03 \x01(\t\x12\x11\n\tmax_turns\x18\x04 \x01(\x05\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\x05\x12 \n\x18max_tool_response_tokens\x18\x06 \x01(\x05\x12\x16\n\x0etool_timeout_s\x18\x07 \x01(\x01\x12\x18\n\x10observation_role\x18\x08 \x01(\t\"\xb2\x01\n\x19GenerateSequencesResponse\x12 \n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12\x43\n\x07metrics\x18\x02 \x03(\x0b\x32\x32.rlserve.v1.GenerateSequencesResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb4\x01\n\x15\x43omputeLogProbRequest\x12 \n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12\x16\n\x0ereturn_entropy\x18\x02 \x01(\x08\x12%\n\x18\x65xpected_weights_version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x15return_sum_pi_squared\x18\x04 \x01(\x08\x42\x1b\n\x19_expected_weights_version\"\xac\x01\n\x16\x43omputeLogProbResponse\x12 \n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12@\n\x07metrics\x18\x02 \x03(\x0b\x32/.rlserve.v1.ComputeLogProbResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"]\n\x12UpdateActorRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12 \n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x11.rlserve.v1.Batch\x12\x17\n\x0fweights_version\x18\x03 \x01(\x03\"\xd1\x01\n\x13UpdateActorResponse\x12=\n\x07metrics\x18\x01 \x03(\x0b\x32,.rlserve.v1.UpdateActorResponse.MetricsEntry\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x12\x10\n\x08replayed\x18\x03 \x01(\x08\x12 \n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x11.rlserve.v1.Batch\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1e\n\x1cRolloutServiceGetInfoRequest\"F\n\x1dRolloutServiceGetInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.rlserve.v1.ServiceInfo\"W\n#RolloutServiceSaveCheckpointRequest\x12\x30\n\x08location\x18\x01 \x01(\x0b\x32\x1e.rlserve.v1.CheckpointLocation\"Z\n$RolloutServiceSaveCheckpointResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x19\n\x11last_applied_step\x18\x02 \x01(\x03\"W\n#RolloutServiceLoadCheckpointRequest\x12\x30\n\x08location\x18\x01 \x01(\x0b\x32\x1e.rlserve.v1.CheckpointLocation\"Z\n$RolloutServiceLoadCheckpointResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x19\n\x11last_applied_step\x18\x02 \x01(\x03\"\x1c\n\x1aRolloutServiceResetRequest\"Q\n\x1bRolloutServiceResetResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x19\n\x11last_applied_step\x18\x02 \x01(\x03\"L\n\x1aRolloutServiceLeaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\x12\x0f\n\x07release\x18\x03 \x01(\x08\"B\n\x1bRolloutServiceLeaseResponse\x12#\n\x05lease\x18\x01 \x01(\x0b\x32\x14.rlserve.v1.RunLease2\x99\x06\n\x0eRolloutService\x12`\n\x11GenerateSequences\x12$.rlserve.v1.GenerateSequencesRequest\x1a%.rlserve.v1.GenerateSequencesResponse\x12W\n\x0e\x43omputeLogProb\x12!.rlserve.v1.ComputeLogProbRequest\x1a\".rlserve.v1.ComputeLogProbResponse\x12N\n\x0bUpdateActor\x12\x1e.rlserve.v1.UpdateActorRequest\x1a\x1f.rlserve.v1.UpdateActorResponse\x12^\n\x07GetInfo\x12(.rlserve.v1.RolloutServiceGetInfoRequest\x1a).rlserve.v1.RolloutServiceGetInfoResponse\x12s\n\x0eSaveCheckpoint\x12/.rlserve.v1.RolloutServiceSaveCheckpointRequest\x1a\x30.rlserve.v1.RolloutServiceSaveCheckpointResponse\x12s\n\x0eLoadCheckpoint\x12/.rlserve.v1.RolloutServiceLoadCheckpointRequest\x1a\x30.rlserve.v1.RolloutServiceLoadCheckpointResponse\x12X\n\x05Reset\x12&.rlserve.v1.RolloutServiceResetRequest\x1a\'.rlserve.v1.RolloutServiceResetResponse\x12X\n\x05Lease\x12&.rlserve.v1.RolloutServiceLeaseRequest\x1a\'.rlserve.v1.RolloutServiceLeaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,43 +41,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=66
   _globals['_SAMPLINGPARAMS']._serialized_end=235
   _globals['_GENERATESEQUENCESREQUEST']._serialized_start=238
-  _globals['_GENERATESEQUENCESREQUEST']._serialized_end=440
-  _globals['_GENERATESEQUENCESRESPONSE']._serialized_start=443
-  _globals['_GENERATESEQUENCESRESPONSE']._serialized_end=621
-  _globals['_GENERATESEQUENCESRESPONSE_METRICSENTRY']._serialized_start=575
-  _globals['_GENERATESEQUENCESRESPONSE_METRICSENTRY']._serialized_end=621
-  _globals['_COMPUTELOGPROBREQUEST']._serialized_start=624
-  _globals['_COMPUTELOGPROBREQUEST']._serialized_end=804
-  _globals['_COMPUTELOGPROBRESPONSE']._serialized_start=807
-  _globals['_COMPUTELOGPROBRESPONSE']._serialized_end=979
-  _globals['_COMPUTELOGPROBRESPONSE_METRICSENTRY']._serialized_start=575
-  _globals['_COMPUTELOGPROBRESPONSE_METRICSENTRY']._serialized_end=621
-  _globals['_UPDATEACTORREQUEST']._serialized_start=981
-  _globals['_UPDATEACTORREQUEST']._serialized_end=1074
-  _globals['_UPDATEACTORRESPONSE']._serialized_start=1077
-  _globals['_UPDATEACTORRESPONSE']._serialized_end=1286
-  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_start=575
-  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_end=621
-  _globals['_ROLLOUTSERVICEGETINFOREQUEST']._serialized_start=1288
-  _globals['_ROLLOUTSERVICEGETINFOREQUEST']._serialized_end=1318
-  _globals['_ROLLOUTSERVICEGETINFORESPONSE']._serialized_start=1320
-  _globals['_ROLLOUTSERVICEGETINFORESPONSE']._serialized_end=1390
-  _globals['_ROLLOUTSERVICESAVECHECKPOINTREQUEST']._serialized_start=1392
-  _globals['_ROLLOUTSERVICESAVECHECKPOINTREQUEST']._serialized_end=1479
-  _globals['_ROLLOUTSERVICESAVECHECKPOINTRESPONSE']._serialized_start=1481
-  _globals['_ROLLOUTSERVICESAVECHECKPOINTRESPONSE']._serialized_end=1571
-  _globals['_ROLLOUTSERVICELOADCHECKPOINTREQUEST']._serialized_start=1573
-  _globals['_ROLLOUTSERVICELOADCHECKPOINTREQUEST']._serialized_end=1660
-  _globals['_ROLLOUTSERVICELOADCHECKPOINTRESPONSE']._serialized_start=1662
-  _globals['_ROLLOUTSERVICELOADCHECKPOINTRESPONSE']._serialized_end=1752
-  _globals['_ROLLOUTSERVICERESETREQUEST']._serialized_start=1754
-  _globals['_ROLLOUTSERVICERESETREQUEST']._serialized_end=1782
-  _globals['_ROLLOUTSERVICERESETRESPONSE']._serialized_start=1784
-  _globals['_ROLLOUTSERVICERESETRESPONSE']._serialized_end=1865
-  _globals['_ROLLOUTSERVICELEASEREQUEST']._serialized_start=1867
-  _globals['_ROLLOUTSERVICELEASEREQUEST']._serialized_end=1943
-  _globals['_ROLLOUTSERVICELEASERESPONSE']._serialized_start=1945
-  _globals['_ROLLOUTSERVICELEASERESPONSE']._serialized_end=2011
-  _globals['_ROLLOUTSERVICE']._serialized_start=2014
-  _globals['_ROLLOUTSERVICE']._serialized_end=2807
+  _globals['_GENERATESEQUENCESREQUEST']._serialized_end=480
+  _globals['_AGENTPARAMS']._serialized_start=483
+  _globals['_AGENTPARAMS']._serialized_end=700
+  _globals['_GENERATESEQUENCESRESPONSE']._serialized_start=703
+  _globals['_GENERATESEQUENCESRESPONSE']._serialized_end=881
+  _globals['_GENERATESEQUENCESRESPONSE_METRICSENTRY']._serialized_start=835
+  _globals['_GENERATESEQUENCESRESPONSE_METRICSENTRY']._serialized_end=881
+  _globals['_COMPUTELOGPROBREQUEST']._serialized_start=884
+  _globals['_COMPUTELOGPROBREQUEST']._serialized_end=1064
+  _globals['_COMPUTELOGPROBRESPONSE']._serialized_start=1067
+  _globals['_COMPUTELOGPROBRESPONSE']._serialized_end=1239
+  _globals['_COMPUTELOGPROBRESPONSE_METRICSENTRY']._serialized_start=835
+  _globals['_COMPUTELOGPROBRESPONSE_METRICSENTRY']._serialized_end=881
+  _globals['_UPDATEACTORREQUEST']._serialized_start=1241
+  _globals['_UPDATEACTORREQUEST']._serialized_end=1334
+  _globals['_UPDATEACTORRESPONSE']._serialized_start=1337
+  _globals['_UPDATEACTORRESPONSE']._serialized_end=1546
+  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_start=835
+  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_end=881
+  _globals['_ROLLOUTSERVICEGETINFOREQUEST']._serialized_start=1548
+  _globals['_ROLLOUTSERVICEGETINFOREQUEST']._serialized_end=1578
+  _globals['_ROLLOUTSERVICEGETINFORESPONSE']._serialized_start=1580
+  _globals['_ROLLOUTSERVICEGETINFORESPONSE']._serialized_end=1650
+  _globals['_ROLLOUTSERVICESAVECHECKPOINTREQUEST']._serialized_start=1652
+  _globals['_ROLLOUTSERVICESAVECHECKPOINTREQUEST']._serialized_end=1739
+  _globals['_ROLLOUTSERVICESAVECHECKPOINTRESPONSE']._serialized_start=1741
+  _globals['_ROLLOUTSERVICESAVECHECKPOINTRESPONSE']._serialized_end=1831
+  _globals['_ROLLOUTSERVICELOADCHECKPOINTREQUEST']._serialized_start=1833
+  _globals['_ROLLOUTSERVICELOADCHECKPOINTREQUEST']._serialized_end=1920
+  _globals['_ROLLOUTSERVICELOADCHECKPOINTRESPONSE']._serialized_start=1922
+  _globals['_ROLLOUTSERVICELOADCHECKPOINTRESPONSE']._serialized_end=2012
+  _globals['_ROLLOUTSERVICERESETREQUEST']._serialized_start=2014
+  _globals['_ROLLOUTSERVICERESETREQUEST']._serialized_end=2042
+  _globals['_ROLLOUTSERVICERESETRESPONSE']._serialized_start=2044
+  _globals['_ROLLOUTSERVICERESETRESPONSE']._serialized_end=2125
+  _globals['_ROLLOUTSERVICELEASEREQUEST']._serialized_start=2127
+  _globals['_ROLLOUTSERVICELEASEREQUEST']._serialized_end=2203
+  _globals['_ROLLOUTSERVICELEASERESPONSE']._serialized_start=2205
+  _globals['_ROLLOUTSERVICELEASERESPONSE']._serialized_end=2271
+  _globals['_ROLLOUTSERVICE']._serialized_start=2274
+  _globals['_ROLLOUTSERVICE']._serialized_end=3067
 # @@protoc_insertion_point(module_scope)

@@ -26,16 +26,38 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., responses_per_prompt: _Optional[int] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateSequencesRequest(_message.Message):
-    __slots__ = ("prompts", "sampling", "expected_weights_version", "return_log_probs")
+    __slots__ = ("prompts", "sampling", "expected_weights_version", "return_log_probs", "agent")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     prompts: _common_pb2.Batch
     sampling: SamplingParams
     expected_weights_version: int
     return_log_probs: bool
-    def __init__(self, prompts: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., expected_weights_version: _Optional[int] = ..., return_log_probs: _Optional[bool] = ...) -> None: ...
+    agent: AgentParams
+    def __init__(self, prompts: _Optional[_Union[_common_pb2.Batch, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., expected_weights_version: _Optional[int] = ..., return_log_probs: _Optional[bool] = ..., agent: _Optional[_Union[AgentParams, _Mapping]] = ...) -> None: ...
+
+class AgentParams(_message.Message):
+    __slots__ = ("environment_app", "tool_call_format", "bracket_argument", "max_turns", "max_tool_calls", "max_tool_response_tokens", "tool_timeout_s", "observation_role")
+    ENVIRONMENT_APP_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BRACKET_ARGUMENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_RESPONSE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_ROLE_FIELD_NUMBER: _ClassVar[int]
+    environment_app: str
+    tool_call_format: str
+    bracket_argument: str
+    max_turns: int
+    max_tool_calls: int
+    max_tool_response_tokens: int
+    tool_timeout_s: float
+    observation_role: str
+    def __init__(self, environment_app: _Optional[str] = ..., tool_call_format: _Optional[str] = ..., bracket_argument: _Optional[str] = ..., max_turns: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_tool_response_tokens: _Optional[int] = ..., tool_timeout_s: _Optional[float] = ..., observation_role: _Optional[str] = ...) -> None: ...
 
 class GenerateSequencesResponse(_message.Message):
     __slots__ = ("batch", "metrics")

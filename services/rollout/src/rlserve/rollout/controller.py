@@ -45,12 +45,14 @@ from typing import Any
 import grpc
 import torch
 
+from rlserve.core import api
 from rlserve.core.batch import Batch
 from rlserve.core.config import fields_from
 from rlserve.core.service.controller import StatefulController, UpdateWork
 from rlserve.core.service.plan import MiniBatchPlan, count_columns, units_of
 from rlserve.core.serving import Deadline, RpcError, failed_precondition
 from rlserve.core.validation import TEMPERATURE_META_KEY, scoring_temperature
+from rlserve.rollout.agent_rollout import AgentRollout
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.methods import (
@@ -123,6 +125,17 @@ class RolloutController(StatefulController):
             settings.worker_call_timeout_s,
         )
         self.settings = settings
+        self._agent_rollout: AgentRollout | None = None
+
+    @property
+    def agent_rollout(self) -> AgentRollout:
+        """Multi-turn generation, built at the first request that asks for it (it loads
+        the tokenizer, for the chat template and the tool calls' text)."""
+        if self._agent_rollout is None:
+            from rlserve.core.modeling import load_tokenizer
+
+            self._agent_rollout = AgentRollout(load_tokenizer(self.settings.model_path))
+        return self._agent_rollout
 
     @property
     def checkpoint_root(self) -> str | None:
@@ -136,14 +149,18 @@ class RolloutController(StatefulController):
         sampling: SamplingSettings,
         expected_weights_version: int | None = None,
         deadline: Deadline = NO_DEADLINE,
+        agent: api.Agent | None = None,
     ) -> tuple[Batch, dict[str, float]]:
         """Responses for left-padded prompts; meta.weights_version = the version used.
+        With `agent`, multi-turn responses that call tools (rlserve.rollout.agent_rollout).
 
         Non-tensor columns of the prompts are repeated per response; `uid` is set to the
         index of the source prompt (replacing a `uid` column the caller sent).
         """
         settings = self.settings
         check_sampling(sampling, settings.max_new_tokens_limit)
+        if agent is not None:
+            self.agent_rollout.check(agent)
         prompts = check_prompts(
             prompts,
             settings.vocab_size,
@@ -159,11 +176,19 @@ class RolloutController(StatefulController):
             {**prompts.non_tensors, "uid": list(range(len(prompts)))},
         )
 
+        agent_metrics: dict[str, float] = {}
+
         async def generate() -> tuple[Batch, int, float]:
             start = time.perf_counter()  # once the lock is held: the workers' time only
-            result = await self.group.run_split(
-                GENERATE, work, sampling=sampling, deadline=deadline.unix_s
-            )
+            if agent is None:
+                result = await self.group.run_split(
+                    GENERATE, work, sampling=sampling, deadline=deadline.unix_s
+                )
+            else:
+                result, figures = await self.agent_rollout.run(
+                    self.group, work, sampling, agent, deadline
+                )
+                agent_metrics.update(figures)
             return result, self.weights_version, time.perf_counter() - start
 
         result, version, elapsed_s = await self.read(
@@ -180,6 +205,7 @@ class RolloutController(StatefulController):
             "generate_s": elapsed_s,
             "generated_tokens": tokens,
             "generated_tokens_per_s": tokens / max(elapsed_s, 1e-9),
+            **agent_metrics,
         }
         return batch, metrics
 

@@ -72,6 +72,7 @@ class RolloutDeployment(ServiceEndpoint):
             sampling_settings(request.sampling, request.return_log_probs),
             request.expected_weights_version,
             call.deadline,
+            request.agent,
         )
         return api.BatchAnswer(batch, metrics)
 

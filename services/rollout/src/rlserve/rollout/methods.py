@@ -4,6 +4,7 @@ purpose: the controller imports it, never the worker module (transformers, DeepS
 vLLM)."""
 
 GENERATE = "generate"
+GENERATE_TURNS = "generate_turns"
 COMPUTE_LOG_PROB = "compute_log_prob"
 COMPUTE_REF_LOG_PROB = "compute_ref_log_prob"
 UPDATE_ACTOR = "update_actor"

@@ -302,6 +302,40 @@ class ActorWorker(TrainingRankWorker):
         non_tensors = {**repeated.non_tensors, "response_text": texts}
         return Batch(tensors=tensors, non_tensors=non_tensors)
 
+    def generate_turns(
+        self,
+        samples: list[tuple[list[int], int]],
+        sampling: SamplingSettings,
+        deadline: float | None = None,
+    ) -> list[tuple[list[int], list[float] | None, bool]]:
+        """One more turn of each multi-turn sample, given as (its token ids so far, no
+        padding; its budget of new tokens): ending at EOS or one of sampling's stop
+        strings. Per sample: (the turn's ids, their log-probs if asked, whether the
+        budget cut it)."""
+        Deadline(deadline).check("GenerateSequences")
+        if not samples:  # fewer samples than ranks
+            return []
+        sequences = [ids for ids, _ in samples]
+        budgets = [budget for _, budget in samples]
+        self.use_threads("generate")
+        if sampling.seed is not None and self.rank:
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + self.rank)
+        turn = dataclasses.replace(sampling, max_new_tokens=max(budgets), responses_per_prompt=1)
+        self.generation.wake_up()
+        with tracing.span("rollout.generate_turns", batch_size=len(sequences)):
+            generated = self.generation.generate(sequences, turn, deadline)
+        log_probs = generated.log_probs or [None] * len(sequences)
+        turns = []
+        for ids, values, budget in zip(generated.response_ids, log_probs, budgets, strict=True):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            ended = bool(ids) and (
+                ids[-1] == self.tokenizer.eos_token_id
+                or any(stop in text for stop in sampling.stop_strings)
+            )
+            cut = len(ids) > budget or (len(ids) == budget and not ended)
+            turns.append((ids[:budget], None if values is None else values[:budget], cut))
+        return turns
+
     # ---- scoring --------------------------------------------------------------------
 
     @torch.no_grad()
