@@ -15,6 +15,7 @@ import pytest
 
 from rlserve.core.algos.policy_loss_registry import POLICY_LOSSES
 from rlserve.core.config import validate_config
+from rlserve.core.environment_settings import EnvironmentSettings
 from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES
 from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.run_config import RunConfig
@@ -22,6 +23,7 @@ from rlserve.core.service_config import TrainingDeployment, WorkerDeployment
 from rlserve.core.worker_settings import ActorSettings, CriticSettings, ReferenceConfig
 from rlserve.critic.config import CriticServiceConfig
 from rlserve.critic.controller import worker_kwargs as critic_worker_kwargs
+from rlserve.environment.config import EnvironmentServiceConfig
 from rlserve.reference.config import ReferenceServiceConfig
 from rlserve.reference.controller import worker_kwargs as reference_worker_kwargs
 from rlserve.reward.config import RewardServiceConfig
@@ -260,3 +262,22 @@ def test_stage_threads_reach_every_worker_service_where_the_cores_are_known(tmp_
     apps = service_args(config, str(tmp_path))
     for role in ("rollout", "critic", "reference"):
         assert set(apps[role]["stage_threads"]) == {"generate", "forward", "update"}, role
+
+
+def test_an_agent_run_deploys_the_environment_with_its_settings_and_the_rewards_nodes():
+    """rollout.agent.environment reaches the environment service whole (EnvironmentSettings
+    is both that section and the base of the service's config); its replicas go where the
+    reward's do; a run without rollout.agent deploys none."""
+    assert "environment" not in service_args(_config(), "/models/policy")
+    environment = {"tools": {"calc": {"tool": "calculator", "timeout_s": 5.0}}, "max_sessions": 9}
+    config = _config(rollout={"agent": {"environment": environment}})
+    args = service_args(config, "/models/policy")["environment"]
+    service = validate_config(EnvironmentServiceConfig, args)
+    assert issubclass(EnvironmentServiceConfig, EnvironmentSettings)
+    section = config.rollout.agent.environment.model_dump()
+    for name in EnvironmentSettings.model_fields:
+        assert args[name] == section[name], name
+    outside = set(EnvironmentServiceConfig.model_fields) - set(EnvironmentSettings.model_fields)
+    assert outside <= DERIVED["reward"] and outside <= set(args), sorted(outside)
+    assert service.tools["calc"].timeout_s == 5.0 and service.max_sessions == 9
+    assert args["placement"] == service_args(config, "/models/policy")["reward"]["placement"]

@@ -69,6 +69,9 @@ def _generate(request):
     }
     if request.return_log_probs:
         tensors["rollout_log_probs"] = torch.full((rows, width), ENGINE_LOG_PROB)
+    if request.HasField("agent"):  # a multi-turn answer: row 0's call failed, row 1's rewarded
+        tensors["tool_errors"] = torch.tensor([int(i == 0) for i in range(rows)])
+        tensors["tool_rewards"] = torch.tensor([float(i == 1) for i in range(rows)])
     non_tensors = {
         **repeated.non_tensors,
         "uid": [i // n for i in range(rows)],
@@ -579,3 +582,23 @@ def test_token_ids_go_only_to_a_reward_service_with_a_model(kinds, tensors):
         assert sorted(request.batch.tensors) == tensors
         assert sorted(request.batch.non_tensors) == ["ground_truth", "prompt_text", "response_text"]
     assert len(reward.sent("GetInfo")) == 1
+
+
+@pytest.mark.parametrize(
+    ("on_tool_error", "reward_mean"), [("continue", 0.75), ("zero_reward", 0.25)]
+)
+def test_an_agent_run_asks_for_tools_and_scores_their_outcomes(
+    tokenizer, tmp_path, on_tool_error, reward_mean
+):
+    """Row 0: reward 1, but its call failed; row 1: reward 0 + 0.5 × its tool's reward 1."""
+    agent = {
+        "tool_call_format": "bracket",
+        "max_turns": 3,
+        "tool_reward_weight": 0.5,
+        "on_tool_error": on_tool_error,
+    }
+    metrics, clients = one_step(tokenizer, tmp_path, rollout={"max_new_tokens": 3, "agent": agent})
+    (generate,) = clients.rollout.sent("GenerateSequences")
+    assert generate.agent.environment_app == "environment"
+    assert (generate.agent.tool_call_format, generate.agent.max_turns) == ("bracket", 3)
+    assert metrics["reward_mean"] == pytest.approx(reward_mean)

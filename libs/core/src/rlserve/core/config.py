@@ -519,7 +519,11 @@ def _type_name(annotation: Any) -> str:
 
 def _default_repr(field: pydantic.fields.FieldInfo) -> str:
     value = field.get_default(call_default_factory=True)
-    text = yaml.dump(value, Dumper=_Dumper, default_flow_style=True, width=10**6)
+    try:
+        text = yaml.dump(value, Dumper=_Dumper, default_flow_style=True, width=10**6)
+    except yaml.representer.RepresenterError:  # models inside a default (a dict of tools)
+        plain = pydantic_core.to_jsonable_python(value)
+        text = yaml.dump(plain, Dumper=_Dumper, default_flow_style=True, width=10**6)
     return text.removesuffix("\n").removesuffix("\n...")
 
 

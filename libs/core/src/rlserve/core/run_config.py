@@ -42,6 +42,7 @@ from rlserve.core.algos.advantages import SINGLETON_GROUP_CHOICES
 from rlserve.core.algos.kl import KL_KIND_NOTES
 from rlserve.core.algos.notes import choices_extra
 from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.environment_settings import AgentConfig
 from rlserve.core.inputs_config import (
     LARGE_MODEL_WEIGHT_BYTES,
     DataConfig,
@@ -147,6 +148,9 @@ class RolloutConfig(ConfigModel):
     (prompt + response) columns; the service's setting of the same name says why and
     how it is sized). Must hold a whole step's and an evaluation's: samples ×
     (data.max_prompt_tokens + rollout.max_new_tokens)."""
+    agent: AgentConfig | None = None
+    """Multi-turn, tool-calling responses (the run also deploys the environment service
+    with these tools); null = one turn. The model's tokenizer needs a chat template."""
 
     @field_validator("top_k")
     @classmethod

@@ -17,29 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, model_validator
 
 from rlserve.core.auth import ServiceAuth
-from rlserve.core.config import ConfigError, ConfigModel
+from rlserve.core.config import ConfigError
+from rlserve.core.environment_settings import EnvironmentSettings, ToolConfig
 from rlserve.core.replica_pool import ReplicaPlacementConfig
-from rlserve.core.reward_settings import AutoscalingConfig
 from rlserve.core.tracing_config import TracingConfig
 from rlserve.environment.tools import Calculator, Tool, user_tool
 
 BUILT_IN_TOOLS: dict[str, Any] = {"calculator": Calculator}
 """Built-in tools by name (the sandboxed Python executor registers as "python")."""
-
-
-class ToolConfig(ConfigModel):
-    """One tool the service offers, under the name the model calls it by."""
-
-    tool: str
-    """A built-in tool ("calculator", "python") or your own class as
-    "package.module:Class" (built with `kwargs`; see rlserve.environment.tools)."""
-    kwargs: dict[str, JsonValue] = Field(default_factory=dict)
-    """Keyword arguments the tool is built with (e.g. the Python tool's sandbox limits)."""
-    timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
-    """Most seconds one call may take; past it the call answers a "timeout" observation."""
 
 
 def build_tool(config: ToolConfig) -> Tool:
@@ -59,31 +47,9 @@ def build_tool(config: ToolConfig) -> Tool:
         raise ConfigError("kwargs", f"{config.tool} cannot be built with them: {error}") from None
 
 
-def _default_tools() -> dict[str, ToolConfig]:
-    return {"calculator": ToolConfig(tool="calculator")}
-
-
-class EnvironmentServiceConfig(ServiceAuth):
+class EnvironmentServiceConfig(EnvironmentSettings, ServiceAuth):
     """The environment service: tools, sessions, request limits, replicas and placement."""
 
-    tools: dict[str, ToolConfig] = Field(default_factory=_default_tools, min_length=1)
-    """The tools by the name the model calls them (default: the calculator)."""
-    session_ttl_s: float = Field(600.0, gt=0, allow_inf_nan=False)
-    """Seconds a session's state outlives its last call on a replica."""
-    max_sessions: int = Field(10_000, ge=1)
-    """Sessions whose state a replica keeps; past it the least recently used goes first
-    (its next call starts afresh, and the eviction is counted)."""
-    max_arguments_chars: int = Field(65_536, ge=1)
-    """Longest arguments_json or tools_kwargs_json of a call (INVALID_ARGUMENT past it)."""
-    max_observation_chars: int = Field(16_384, ge=1)
-    """Longest observation answered; a longer one is cut, with a note saying so."""
-    num_replicas: int | None = Field(None, ge=1)
-    """Fixed replica count (default 1), or None with autoscaling_config."""
-    autoscaling_config: AutoscalingConfig | None = None
-    """Serve autoscaling of the replicas; None = num_replicas."""
-    max_ongoing_requests: int = Field(256, ge=1)
-    """Calls one replica runs at once (tool calls mostly wait: on a sandbox, a user's
-    API), beyond which Serve queues or routes to another replica."""
     num_cpus_per_replica: float = Field(1.0, gt=0, allow_inf_nan=False)
     """Logical CPUs Ray reserves per replica; replicas take no GPU."""
     placement: ReplicaPlacementConfig = Field(default_factory=ReplicaPlacementConfig)
@@ -102,8 +68,6 @@ class EnvironmentServiceConfig(ServiceAuth):
                     (f"tools.{name}" + (f".{field}" if field else ""), message)
                     for field, message in error.issues
                 ]
-        if self.num_replicas is not None and self.autoscaling_config is not None:
-            issues.append(("num_replicas", "set num_replicas or autoscaling_config, not both"))
         if issues:
             raise ConfigError(issues)
         return self

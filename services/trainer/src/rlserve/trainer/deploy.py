@@ -41,9 +41,12 @@ IMPORT_PATHS = {
     "critic": "rlserve.critic.app:build_app",
     "reference": "rlserve.reference.app:build_app",
     "reward": "rlserve.reward.app:build_app",
+    "environment": "rlserve.environment.app:build_app",
 }
 # The services that run worker groups (the reward runs in its replicas).
 WORKER_ROLES = frozenset({"rollout", "critic", "reference"})
+# The services scaled out by replicas, placed by a node selector, not a placement group.
+REPLICA_ROLES = frozenset({"reward", "environment"})
 # Fields a run sets that must not be printed (the run's args carry them in plain data).
 SECRET_FIELDS = secret_field_names(RunConfig)
 
@@ -83,6 +86,14 @@ def service_args(config: RunConfig, model_dir: str) -> dict[str, dict[str, Any]]
         },
         "reward": reward_args(config),
     }
+    if config.rollout.agent is not None:
+        # the tools multi-turn responses call, on the reward's nodes and replica size
+        apps["environment"] = {
+            **config.rollout.agent.environment.model_dump(),
+            "num_cpus_per_replica": apps["reward"].get("num_cpus_per_replica", 1.0),
+        }
+        if "placement" in apps["reward"]:
+            apps["environment"]["placement"] = apps["reward"]["placement"]
     if config.needs_reference and config.reference_merged:
         apps["rollout"]["serve_reference"] = True
     elif config.needs_reference:
@@ -187,8 +198,8 @@ def reserve_placement_groups(apps: dict[str, dict[str, Any]]) -> None:
     seen = set()
     for role, args in apps.items():
         placement = args.get("placement")
-        # reward's placement is a node selector for its replicas, not a group
-        if role != "reward" and placement and placement["group_name"] not in seen:
+        # a replica role's placement is a node selector for its replicas, not a group
+        if role not in REPLICA_ROLES and placement and placement["group_name"] not in seen:
             seen.add(placement["group_name"])
             ensure_placement_group(WorkerPlacementConfig(**placement))
 
@@ -229,7 +240,7 @@ def verify_placement(config: RunConfig, apps: dict[str, dict[str, Any]]) -> dict
     where: dict[str, list[str]] = {}
     for role, args in apps.items():
         placement = args.get("placement")
-        if role == "reward" or not placement:
+        if role in REPLICA_ROLES or not placement:
             continue
         bundle_nodes = group_bundle_nodes(placement["group_name"])
         offset, workers = placement["bundle_offset"], args.get("workers", 1)

@@ -45,6 +45,7 @@ from rlserve.core.algos.dapo import truncated_responses
 from rlserve.core.algos.kl import AdaptiveKLController, FixedKLController
 from rlserve.core.algos.rollout_correction import truncated_is_weights
 from rlserve.core.batch import Batch
+from rlserve.core.environment_settings import AgentConfig
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.advantages import (
     advantage_settings,
@@ -151,6 +152,7 @@ class PPOTrainer:
         self.state = TrainerState()
         self.advantage_settings = advantage_settings(config)
         self.rewards = Rewards(clients.reward, config)
+        self.agent = agent_params(config.rollout.agent)
         self.schedule = schedule_for(
             config.rollout.mode, self._generation_for, config.trainer.total_steps
         )
@@ -184,7 +186,11 @@ class PPOTrainer:
         if weights_version is None:
             weights_version = self.state.weights_version
         request = api.GenerateSequencesRequest(
-            prompt_batch(rows, self.tokenizer), sampling, weights_version, return_log_probs
+            prompt_batch(rows, self.tokenizer),
+            sampling,
+            weights_version,
+            return_log_probs,
+            self.agent,
         )
         answer = await self.clients.rollout.call_api(request)
         return answer.batch, answer.metrics
@@ -711,3 +717,20 @@ class PPOTrainer:
         restore_rng(trainer_state["rng"])
         # absent from checkpoints written before one_step_off existed
         self.schedule.restore(directory, trainer_state.get("next_generation"))
+
+
+def agent_params(agent: AgentConfig | None) -> api.Agent | None:
+    """What GenerateSequences is asked for multi-turn responses (rollout.agent), calling
+    the environment service the run deploys."""
+    if agent is None:
+        return None
+    return api.Agent(
+        environment_app="environment",
+        tool_call_format=agent.tool_call_format,
+        bracket_argument=agent.bracket_argument,
+        max_turns=agent.max_turns,
+        max_tool_calls=agent.max_tool_calls,
+        max_tool_response_tokens=agent.max_tool_response_tokens,
+        tool_timeout_s=agent.tool_timeout_s,
+        observation_role=agent.observation_role,
+    )

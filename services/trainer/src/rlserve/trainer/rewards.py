@@ -28,6 +28,7 @@ class Rewards:
         self.client = client
         self.algorithm = config.algorithm
         self.max_new_tokens = config.rollout.max_new_tokens
+        self.agent = config.rollout.agent
         self.figures: Counter[str] = Counter()
         """The reward service's figures summed since the step began (`figures.clear()`)."""
         self._info: reward_pb2.RewardServiceGetInfoResponse | None = None
@@ -55,7 +56,7 @@ class Rewards:
         "reward_components" (B, K): each reward kind's score (and the overlong penalty as
         a kind of its own), in the order of `component_weights`."""
         scored = await self.score(batch)
-        scores = scored["scores"].float()
+        scores = self._with_tool_outcomes(batch, scored["scores"].float())
         penalty = self.overlong_penalty(batch) if self.algorithm.overlong_buffer_tokens else None
         if penalty is not None:
             scores = scores + penalty
@@ -67,6 +68,18 @@ class Rewards:
                 columns.append(penalty)
             rewards["reward_components"] = torch.stack(columns, dim=1)
         return rewards
+
+    def _with_tool_outcomes(self, batch: Batch, scores: torch.Tensor) -> torch.Tensor:
+        """A multi-turn batch's scores with the tools' step rewards added
+        (rollout.agent.tool_reward_weight), and 0 for a response with a failed call
+        when rollout.agent.on_tool_error is "zero_reward"."""
+        agent = self.agent
+        if agent is None or "tool_rewards" not in batch.tensors:
+            return scores
+        scores = scores + agent.tool_reward_weight * batch["tool_rewards"].float()
+        if agent.on_tool_error == "zero_reward":
+            scores = torch.where(batch["tool_errors"] > 0, torch.zeros_like(scores), scores)
+        return scores
 
     async def kinds(self) -> list[str]:
         """The reward service's kinds, in a fixed order (asked once)."""
