@@ -127,3 +127,30 @@ def test_bracket_calls_carry_their_text_as_the_argument():
     assert parser.parse("[calc:1+2][x y: 3][calc: 4") == [
         ParsedCall("calc", json.dumps({"expression": "1+2"}))
     ]
+
+
+def test_the_embedded_tool_tasks_episodes_are_what_the_rollout_builds():
+    """The warm-up teaches whole episodes (rlserve.core.embedded.tool_task); the rollout
+    must build the same tokens, with the same mask, from the model's turns and the
+    calculator's answer, or the warm-up would teach another format than RL trains."""
+    from rlserve.core.embedded import tool_task
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = tool_task.CHAT_TEMPLATE
+    row = {"prompt": "7*8+5=", "ground_truth": "61"}
+    ((ids, labels),) = tool_task.encode_episodes([row], tokenizer)
+    deltas = ChatDeltas(tokenizer)
+    prompt = tokenizer(row["prompt"])["input_ids"]
+    trajectory = Trajectory(prompt)
+    call = tokenizer.encode("[calc: 7*8]", add_special_tokens=False)
+    trajectory.add_model_turn(call)
+    trajectory.add_context(deltas.turn_end(call))
+    trajectory.add_context(deltas.message_ids("tool", tool_task.local_calculator("[calc: 7*8]")))
+    trajectory.add_model_turn([*tokenizer.encode("61", add_special_tokens=False), 2])
+    assert trajectory.ids == ids
+    learned = [label != tool_task.IGNORE_INDEX for label in labels[len(prompt) :]]
+    assert trajectory.response_mask == [int(x) for x in learned]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "7*8+5=[calc: 7*8]=56;61"
+    assert BracketParser().parse("[calc: 7*8]") == [
+        ParsedCall("calc", json.dumps({"expression": "7*8"}))
+    ]

@@ -116,22 +116,26 @@ class ModelConfig(ConfigModel):
 class ArithmeticTaskConfig(ConfigModel):
     """The embedded verifiable task: 'a+b=' prompts, answer checked exactly."""
 
+    kind: Literal["addition", "product_plus"] = "addition"
+    """'addition': "a+b=". 'product_plus': "a*b+c=", which the tiny model answers by
+    calling a calculator for a*b when the run has rollout.agent (its warm-up teaches the
+    call "[calc: a*b]"; rlserve.core.embedded.tool_task), or directly without."""
     operand_max: int = Field(99, ge=1)
-    """Operands a and b are drawn from 0..operand_max inclusive."""
+    """Operands are drawn from 0..operand_max inclusive."""
     train_pairs: int = Field(8000, ge=1)
-    """Distinct (a, b) pairs in the training set."""
+    """Distinct operand tuples in the training set."""
     eval_pairs: int = Field(2000, ge=1)
-    """Distinct held-out (a, b) pairs, disjoint from the training set."""
+    """Distinct held-out operand tuples, disjoint from the training set."""
 
     @model_validator(mode="after")
     def _enough_pairs(self) -> ArithmeticTaskConfig:
-        available = (self.operand_max + 1) ** 2
+        available = (self.operand_max + 1) ** (2 if self.kind == "addition" else 3)
         if self.train_pairs + self.eval_pairs > available:
             raise ConfigError(
                 "train_pairs",
                 f"train_pairs + eval_pairs ({self.train_pairs} + {self.eval_pairs}) exceed the "
-                f"{available} distinct pairs with operand_max={self.operand_max}; lower them or "
-                "raise operand_max",
+                f"{available} distinct operand tuples with operand_max={self.operand_max}; "
+                "lower them or raise operand_max",
             )
         return self
 

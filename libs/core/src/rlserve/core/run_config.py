@@ -56,6 +56,7 @@ from rlserve.core.vllm_config import VllmConfig
 from rlserve.core.worker_settings import ActorSettings, CriticSettings, KlKind, ReferenceConfig
 
 __all__ = [
+    "EMBEDDED_AGENT_CONFIG_PATH",
     "EMBEDDED_DAPO_CONFIG_PATH",
     "EMBEDDED_DEFAULT_CONFIG_PATH",
     "EMBEDDED_GRPO_CONFIG_PATH",
@@ -77,6 +78,7 @@ EMBEDDED_DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_def
 
 EMBEDDED_GRPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_grpo.yaml"
 EMBEDDED_DAPO_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_dapo.yaml"
+EMBEDDED_AGENT_CONFIG_PATH = Path(__file__).parent / "configs" / "embedded_agent.yaml"
 """GRPO's recipe for the embedded default: the settings it changes, and why (the one
 copy: docs/algorithms.md, tests and benchmarks load this file)."""
 

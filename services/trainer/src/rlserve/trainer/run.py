@@ -134,6 +134,7 @@ def prepare_inputs(config: RunConfig, run_dir: Path) -> RunInputs:
             seed=config.trainer.seed,
             max_new_tokens=config.rollout.max_new_tokens,
             eval_prompts=config.rollout.eval_prompts,
+            with_tools=config.rollout.agent is not None,
         )
         _check_context_fits(config, built.model_dir)
         return RunInputs(

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlserve.core.config import ConfigError
+from rlserve.core.embedded import tool_task
 from rlserve.core.embedded.evaluate import greedy_accuracy
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows, write_jsonl
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
-from rlserve.core.embedded.warmup import StopAtAccuracy, supervised_warmup
+from rlserve.core.embedded.warmup import StopAtAccuracy, encode_sft_rows, supervised_warmup
 from rlserve.core.inputs_config import ArithmeticTaskConfig, TinyModelConfig
 
 
@@ -42,10 +43,17 @@ def prepare_embedded_default(
     seed: int,
     max_new_tokens: int,
     eval_prompts: int,
+    with_tools: bool = False,
 ) -> EmbeddedDefault:
-    """Writes out_dir/model (HF format) and out_dir/data/{train,eval}.jsonl."""
+    """Writes out_dir/model (HF format) and out_dir/data/{train,eval}.jsonl. With
+    `with_tools` (a run with rollout.agent) the "product_plus" task's warm-up teaches
+    whole tool-calling episodes and the tokenizer carries their chat template."""
     model_dir, data_dir = out_dir / "model", out_dir / "data"
+    episodes = with_tools and task.kind == "product_plus"
     tokenizer = save_char_tokenizer(model_dir)
+    if episodes:
+        tokenizer.chat_template = tool_task.CHAT_TEMPLATE
+        tokenizer.save_pretrained(model_dir)
     model = build_tiny_llama(
         tokenizer,
         hidden_size=tiny.hidden_size,
@@ -54,9 +62,11 @@ def prepare_embedded_default(
         intermediate_size=tiny.intermediate_size,
         seed=seed,
     )
-    train_rows, eval_rows = addition_rows(
+    make_rows = addition_rows if task.kind == "addition" else tool_task.product_plus_rows
+    train_rows, eval_rows = make_rows(
         task.operand_max, task.train_pairs, task.eval_pairs, seed=seed
     )
+    accuracy = tool_task.episode_accuracy if episodes else greedy_accuracy
     write_jsonl(train_rows, data_dir / "train.jsonl")
     write_jsonl(eval_rows, data_dir / "eval.jsonl")
 
@@ -85,15 +95,17 @@ def prepare_embedded_default(
         lr=tiny.sft_lr,
         seed=seed,
         stop=stop,
+        encode=tool_task.encode_episodes if episodes else encode_sft_rows,
+        accuracy=accuracy,
     )
     warmup_s = time.perf_counter() - started
     save_model(model, model_dir)
-    accuracy = greedy_accuracy(model, tokenizer, eval_rows[:eval_prompts], max_new_tokens)
+    held_out = accuracy(model, tokenizer, eval_rows[:eval_prompts], max_new_tokens)
     return EmbeddedDefault(
         model_dir=model_dir,
         train_path=data_dir / "train.jsonl",
         eval_path=data_dir / "eval.jsonl",
-        warmup_accuracy=accuracy,
+        warmup_accuracy=held_out,
         warmup_final_loss=warmup.losses[-1] if warmup.losses else float("nan"),
         warmup_s=warmup_s,
         warmup_steps=warmup.steps,

@@ -11,6 +11,7 @@ on a plateau for a seed-dependent number of steps before it drops.
 """
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -88,9 +89,13 @@ def supervised_warmup(
     lr: float,
     seed: int,
     stop: StopAtAccuracy | None = None,
+    encode: Callable[[list[dict], PreTrainedTokenizerBase], list] = encode_sft_rows,
+    accuracy: Callable[..., float] = greedy_accuracy,
 ) -> WarmupResult:
-    """Trains in place with AdamW for `steps` steps, or fewer when `stop` is reached."""
-    examples = encode_sft_rows(rows, tokenizer)
+    """Trains in place with AdamW for `steps` steps, or fewer when `stop` is reached.
+    `encode` turns rows into (ids, labels) and `accuracy` scores `stop`'s rows (the
+    single-turn task's by default; the tool task passes its episodes')."""
+    examples = encode(rows, tokenizer)
     sampler = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     result = WarmupResult(target=stop.target if stop else None)
@@ -104,9 +109,9 @@ def supervised_warmup(
         result.losses.append(loss.item())
         result.steps = step
         if stop is not None and (step % stop.every_steps == 0 or step == steps):
-            accuracy = greedy_accuracy(model, tokenizer, stop.rows, stop.max_new_tokens)
-            result.checks.append((step, accuracy))
-            if accuracy >= stop.target:
+            reached = accuracy(model, tokenizer, stop.rows, stop.max_new_tokens)
+            result.checks.append((step, reached))
+            if reached >= stop.target:
                 break
     model.eval()
     return result

@@ -1,0 +1,42 @@
+"""The embedded multi-turn task's data, episodes and local calculator, by hand."""
+
+import pytest
+
+from rlserve.core.config import ConfigError, validate_config
+from rlserve.core.embedded import tool_task
+from rlserve.core.embedded.tokenizer import build_char_tokenizer
+from rlserve.core.inputs_config import ArithmeticTaskConfig
+
+
+def test_rows_are_distinct_triples_with_their_answers():
+    train, held_out = tool_task.product_plus_rows(5, 150, 50, seed=3)
+    assert len(train) == 150 and len(held_out) == 50
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+    for row in train + held_out:
+        product, c = row["prompt"].rstrip("=").split("+")
+        a, b = product.split("*")
+        assert int(row["ground_truth"]) == int(a) * int(b) + int(c)
+    with pytest.raises(ValueError, match="exceed the 216 distinct triples"):
+        tool_task.product_plus_rows(5, 200, 17, seed=0)
+
+
+def test_an_episode_trains_on_the_call_and_the_answer_only():
+    tokenizer = build_char_tokenizer()
+    ((ids, labels),) = tool_task.encode_episodes(
+        [{"prompt": "12*3+4=", "ground_truth": "40"}], tokenizer
+    )
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "12*3+4=[calc: 12*3]=36;40"
+    learned = tokenizer.decode([i for i, label in zip(ids, labels, strict=True) if label != -100])
+    assert learned == "[calc: 12*3]40<eos>"
+
+
+def test_the_local_calculator_answers_a_product_call_only():
+    assert tool_task.local_calculator("[calc: 12*3]") == "36"
+    assert tool_task.local_calculator("[calc: 12+3]") == "Error"
+    assert tool_task.local_calculator("no call") == "Error"
+
+
+def test_the_task_config_counts_triples_for_product_plus():
+    validate_config(ArithmeticTaskConfig, {"kind": "product_plus", "operand_max": 30})
+    with pytest.raises(ConfigError, match="exceed the 1000 distinct operand tuples"):
+        validate_config(ArithmeticTaskConfig, {"kind": "product_plus", "operand_max": 9})
