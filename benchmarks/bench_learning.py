@@ -18,11 +18,16 @@ one table:
     .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4
     .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 3 4 --algorithm grpo
     .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 --algorithm dapo
+    .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 --algorithm agent
+    .venv/bin/python benchmarks/bench_learning.py --seeds 0 1 2 --algorithm agent-baseline
     .venv/bin/python benchmarks/bench_learning.py --seeds 3 -- trainer.total_steps=30
 
 Arguments after `--` are passed to every run as config overrides. GRPO runs the recipe
 of `rlserve/core/configs/embedded_grpo.yaml` (no critic, 8 responses per prompt, KL loss),
-DAPO that of `embedded_dapo.yaml` (the GRPO recipe with DAPO's four pieces).
+DAPO that of `embedded_dapo.yaml` (the GRPO recipe with DAPO's four pieces). "agent" runs
+the multi-turn task of `embedded_agent.yaml` ("a*b+c=" with a calculator the model calls;
+its independent scoring plays episodes with a local calculator), "agent-baseline" the
+same task answered in one turn without tools.
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlserve.core.run_config import EMBEDDED_DAPO_CONFIG_PATH, EMBEDDED_GRPO_CONFIG_PATH
+from rlserve.core.run_config import (
+    EMBEDDED_AGENT_CONFIG_PATH,
+    EMBEDDED_DAPO_CONFIG_PATH,
+    EMBEDDED_GRPO_CONFIG_PATH,
+)
 
 GAIN_POINTS = 20.0
 # The run config of each --algorithm (None: the embedded default, PPO).
@@ -44,7 +53,13 @@ ALGORITHM_CONFIGS = {
     "ppo": None,
     "grpo": EMBEDDED_GRPO_CONFIG_PATH,
     "dapo": EMBEDDED_DAPO_CONFIG_PATH,
+    "agent": EMBEDDED_AGENT_CONFIG_PATH,
+    "agent-baseline": EMBEDDED_AGENT_CONFIG_PATH,
 }
+# Overrides an --algorithm adds: the agent task's single-turn baseline calls no tool.
+ALGORITHM_OVERRIDES = {"agent-baseline": ["rollout.agent=null"]}
+# The agent task's episodes: the call, the tool's answer and the answer (its config's).
+AGENT_MAX_NEW_TOKENS = 24
 
 
 def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dict:
@@ -57,6 +72,7 @@ def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dic
         *(["--config", str(ALGORITHM_CONFIGS[algorithm])] if ALGORITHM_CONFIGS[algorithm] else []),
         f"trainer.run_dir={run_root}",
         f"trainer.seed={seed}",
+        *ALGORITHM_OVERRIDES.get(algorithm, []),
         *overrides,
     ]
     print(f"[seed {seed}] {' '.join(command[3:])}", flush=True)
@@ -78,7 +94,9 @@ def run_seed(seed: int, algorithm: str, overrides: list[str], work: Path) -> dic
         "rl_s_to_gain": rl_seconds_to_gain(records, summary["accuracy_before"]),
         "curve": [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r],
         "whole_s": whole_s,
-        "independent": independent_accuracy(run_dir, inputs, summary["checkpoint"]),
+        "independent": independent_accuracy(
+            run_dir, inputs, summary["checkpoint"], episodes=algorithm == "agent"
+        ),
     }
 
 
@@ -94,19 +112,27 @@ def rl_seconds_to_gain(records: list[dict], before: float) -> float | None:
     return None
 
 
-def independent_accuracy(run_dir: Path, inputs: dict, checkpoint: str) -> tuple[float, float]:
-    """(warmed-up, final) greedy accuracy on every held-out pair, in plain transformers."""
+def independent_accuracy(
+    run_dir: Path, inputs: dict, checkpoint: str, episodes: bool = False
+) -> tuple[float, float]:
+    """(warmed-up, final) greedy accuracy on every held-out pair, in plain transformers;
+    with `episodes`, tool-calling episodes with a local calculator in place of the
+    environment service (rlserve.core.embedded.tool_task)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlserve.core.embedded.evaluate import greedy_accuracy
     from rlserve.core.embedded.task import read_jsonl
+    from rlserve.core.embedded.tool_task import episode_accuracy
 
     rows = read_jsonl(Path(inputs["eval_path"]))
     scores = []
     for model_dir in (Path(inputs["model_dir"]), Path(checkpoint) / "rollout" / "model"):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
-        scores.append(greedy_accuracy(model, tokenizer, rows, max_new_tokens=4))
+        if episodes:
+            scores.append(episode_accuracy(model, tokenizer, rows, AGENT_MAX_NEW_TOKENS))
+        else:
+            scores.append(greedy_accuracy(model, tokenizer, rows, max_new_tokens=4))
     return scores[0], scores[1]
 
 
