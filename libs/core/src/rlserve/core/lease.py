@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
 from rlserve.core.serving import RpcError
+from rlserve.v1 import common_pb2
 
 RUN_ID_METADATA_KEY = "rlserve-run-id"
 MAX_RUN_ID_CHARS = 128
@@ -89,6 +91,20 @@ class RunLease:
         if holder == run_id:
             self.holder, self.expires_at = "", 0.0
         return self.current()
+
+    def answer(self, request: Any) -> common_pb2.RunLease:
+        """A Lease RPC's answer (its request's release, run_id and ttl_s): the lease as it
+        stands after taking or releasing it."""
+        if request.release:
+            holder, left = self.release(request.run_id)
+        else:
+            holder, left = self.take(request.run_id, request.ttl_s)
+        return common_pb2.RunLease(holder=holder, expires_in_s=left)
+
+    def info(self) -> common_pb2.RunLease:
+        """The lease as it stands, for GetInfo."""
+        holder, left = self.current()
+        return common_pb2.RunLease(holder=holder, expires_in_s=left)
 
     def check(self, rpc: str, metadata: Sequence[tuple[str, str | bytes]] | None) -> None:
         """FAILED_PRECONDITION unless the caller may change the state: no lease is held,

@@ -6,13 +6,16 @@ nodes (many replicas, autoscaling, no GPU).
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+import socket
+from typing import Any, Protocol
 
 from pydantic import Field, model_validator
 
 from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.message_limits import with_message_limit
 from rlserve.core.reward_settings import AutoscalingConfig
+from rlserve.v1 import common_pb2
 
 # Resources Ray schedules by their own options; a custom resource must not shadow them.
 _BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
@@ -50,28 +53,45 @@ class ReplicaPlacementConfig(ConfigModel):
         return self
 
 
-def replica_deployment_options(
-    num_cpus_per_replica: float,
-    placement: ReplicaPlacementConfig,
-    max_ongoing_requests: int,
-    autoscaling_config: AutoscalingConfig | None,
-    num_replicas: int | None,
-    message_limit_bytes: int,
-) -> dict[str, Any]:
+class ScaledService(Protocol):
+    """The fields a scaled-out service's config has (the reward's, the environment's)."""
+
+    num_cpus_per_replica: float
+    placement: ReplicaPlacementConfig
+    max_ongoing_requests: int
+    autoscaling_config: AutoscalingConfig | None
+    num_replicas: int | None
+
+
+def replica_deployment_options(config: ScaledService, message_limit_bytes: int) -> dict[str, Any]:
     """Serve `.options(...)` of a scaled-out deployment: its CPUs with `num_gpus=0`, node
     placement by custom resource and/or node-label selector, the gRPC message bound,
     concurrency, and autoscaling or a fixed replica count (default 1)."""
-    actor_options: dict[str, Any] = {"num_cpus": num_cpus_per_replica, "num_gpus": 0}
+    placement = config.placement
+    actor_options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica, "num_gpus": 0}
     if placement.resources:
         actor_options["resources"] = dict(placement.resources)
     if placement.label_selector:
         actor_options["label_selector"] = dict(placement.label_selector)
     options: dict[str, Any] = {
         "ray_actor_options": with_message_limit(actor_options, message_limit_bytes),
-        "max_ongoing_requests": max_ongoing_requests,
+        "max_ongoing_requests": config.max_ongoing_requests,
     }
-    if autoscaling_config is not None:
-        options["autoscaling_config"] = autoscaling_config.model_dump(exclude_none=True)
+    if config.autoscaling_config is not None:
+        options["autoscaling_config"] = config.autoscaling_config.model_dump(exclude_none=True)
     else:
-        options["num_replicas"] = num_replicas or 1
+        options["num_replicas"] = config.num_replicas or 1
     return options
+
+
+def replica_worker_info() -> common_pb2.WorkerInfo:
+    """This replica as worker 0 of its service's GetInfo (a scaled-out service has no
+    worker actors), so callers see which node it landed on."""
+    import ray
+
+    return common_pb2.WorkerInfo(
+        rank=0,
+        node_id=ray.get_runtime_context().get_node_id(),
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+    )

@@ -85,7 +85,7 @@ class CriticDeployment(ServiceEndpoint):
             ],
             rlserve_version=version("rlserve-critic"),
             auth_mode=self.auth_mode,
-            lease=self._lease_info(),
+            lease=self.lease.info(),
             settings_json=settings_json(self.config),
         )
         return critic_pb2.CriticServiceGetInfoResponse(info=info)
@@ -119,14 +119,4 @@ class CriticDeployment(ServiceEndpoint):
 
     @rpc_method(critic_pb2.CriticServiceLeaseResponse)
     async def Lease(self, request, call: Call):
-        if request.release:
-            holder, left = self.lease.release(request.run_id)
-        else:
-            holder, left = self.lease.take(request.run_id, request.ttl_s)
-        return critic_pb2.CriticServiceLeaseResponse(
-            lease=common_pb2.RunLease(holder=holder, expires_in_s=left)
-        )
-
-    def _lease_info(self) -> common_pb2.RunLease:
-        holder, left = self.lease.current()
-        return common_pb2.RunLease(holder=holder, expires_in_s=left)
+        return critic_pb2.CriticServiceLeaseResponse(lease=self.lease.answer(request))

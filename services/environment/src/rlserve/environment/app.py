@@ -23,14 +23,7 @@ from rlserve.environment.deployment import EnvironmentDeployment
 
 def deployment_options(config: EnvironmentServiceConfig) -> dict[str, Any]:
     """Serve `.options(...)` for the environment deployment."""
-    return replica_deployment_options(
-        config.num_cpus_per_replica,
-        config.placement,
-        config.max_ongoing_requests,
-        config.autoscaling_config,
-        config.num_replicas,
-        ENVIRONMENT_LIMIT_BYTES,
-    )
+    return replica_deployment_options(config, ENVIRONMENT_LIMIT_BYTES)
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

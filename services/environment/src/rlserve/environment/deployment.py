@@ -10,15 +10,13 @@ itself as worker 0, so callers can see which node it landed on.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from importlib.metadata import PackageNotFoundError, version
 
-import ray
 from ray import serve
 
 from rlserve.core.auth import server_auth_mode
 from rlserve.core.config import settings_json, validate_config
+from rlserve.core.replica_pool import replica_worker_info
 from rlserve.core.serving import Call, rpc_method, setup_replica_tracing
 from rlserve.core.tracing import span
 from rlserve.environment.config import EnvironmentServiceConfig
@@ -74,14 +72,7 @@ class EnvironmentDeployment:
             role=ROLE,
             weights_version=0,
             last_applied_step=-1,
-            workers=[
-                common_pb2.WorkerInfo(
-                    rank=0,
-                    node_id=ray.get_runtime_context().get_node_id(),
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                )
-            ],
+            workers=[replica_worker_info()],
             rlserve_version=_package_version(),
             auth_mode=self.auth_mode,
             settings_json=settings_json(self.config),

@@ -23,14 +23,7 @@ from rlserve.reward.deployment import RewardDeployment
 
 def deployment_options(config: RewardServiceConfig) -> dict[str, Any]:
     """Serve `.options(...)` for the reward deployment."""
-    return replica_deployment_options(
-        config.num_cpus_per_replica,
-        config.placement,
-        config.max_ongoing_requests,
-        config.autoscaling_config,
-        config.num_replicas,
-        REWARD_LIMIT_BYTES,
-    )
+    return replica_deployment_options(config, REWARD_LIMIT_BYTES)
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

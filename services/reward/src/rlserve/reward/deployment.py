@@ -12,16 +12,14 @@ itself as worker 0 (the reward service has no worker actors), so callers can see
 node it landed on.
 """
 
-import os
-import socket
 from importlib.metadata import PackageNotFoundError, version
 
-import ray
 from ray import serve
 
 from rlserve.core import api
 from rlserve.core.auth import server_auth_mode
 from rlserve.core.config import settings_json, validate_config
+from rlserve.core.replica_pool import replica_worker_info
 from rlserve.core.serving import Call, ServiceEndpoint, batch_rpc, rpc_method, setup_replica_tracing
 from rlserve.reward.config import RewardServiceConfig
 from rlserve.reward.engine import build_engine
@@ -77,14 +75,7 @@ class RewardDeployment(ServiceEndpoint):
             engine="hf" if model else "",
             weights_version=0,
             last_applied_step=-1,
-            workers=[
-                common_pb2.WorkerInfo(
-                    rank=0,
-                    node_id=ray.get_runtime_context().get_node_id(),
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                )
-            ],
+            workers=[replica_worker_info()],
             rlserve_version=_package_version(),
             auth_mode=self.auth_mode,
             settings_json=settings_json(self._config),

@@ -125,7 +125,7 @@ class RolloutDeployment(ServiceEndpoint):
                 workers=[common_pb2.WorkerInfo(**worker) for worker in info["workers"]],
                 rlserve_version=package_version("rlserve-rollout"),
                 auth_mode=self.auth_mode,
-                lease=self._lease_info(),
+                lease=self.lease.info(),
                 settings_json=settings_json(self.config),
             )
         )
@@ -155,14 +155,4 @@ class RolloutDeployment(ServiceEndpoint):
 
     @rpc_method(rollout_pb2.RolloutServiceLeaseResponse)
     async def Lease(self, request, call: Call):
-        if request.release:
-            holder, left = self.lease.release(request.run_id)
-        else:
-            holder, left = self.lease.take(request.run_id, request.ttl_s)
-        return rollout_pb2.RolloutServiceLeaseResponse(
-            lease=common_pb2.RunLease(holder=holder, expires_in_s=left)
-        )
-
-    def _lease_info(self) -> common_pb2.RunLease:
-        holder, left = self.lease.current()
-        return common_pb2.RunLease(holder=holder, expires_in_s=left)
+        return rollout_pb2.RolloutServiceLeaseResponse(lease=self.lease.answer(request))
