@@ -150,3 +150,39 @@ def test_schemas_carry_the_name_the_model_calls():
     assert schemas["calculator"]["function"]["name"] == "calculator"
     assert schemas["counter"]["function"]["name"] == "counter"
     assert "expression" in schemas["calculator"]["function"]["parameters"]["properties"]
+
+
+def test_the_python_tool_runs_code_in_the_sandbox_and_says_how_it_ended():
+    env = EnvironmentEngine(
+        validate_config(
+            EnvironmentServiceConfig,
+            {"tools": {"python": {"tool": "python", "kwargs": {"limits": {"wall_s": 2.0}}}}},
+        )
+    )
+    answer = call(env, "python", {"code": "print(6 * 7)"})
+    assert (answer.observation, answer.error) == ("42\n", "")
+    assert answer.metrics["sandbox_s"] > 0
+    failed = call(env, "python", {"code": "import os\nprint('x')\nraise SystemExit(3)"})
+    assert failed.observation.startswith("x\n\n[failed, exit status 3]")
+    hung = call(env, "python", {"code": "import time\ntime.sleep(30)"})
+    assert "[stopped by wall_s" in hung.observation
+    outside = call(env, "python", {"code": "print(open('/etc/hostname').read())"})
+    assert "FileNotFoundError" in outside.observation or "PermissionError" in outside.observation
+    assert call(env, "python", {"code": 7}).error == "bad_arguments"
+    schema = env.schemas()["python"]["function"]
+    assert schema["name"] == "python" and "code" in schema["parameters"]["properties"]
+
+
+def test_the_python_tool_refuses_to_build_where_the_sandbox_cannot_isolate(monkeypatch):
+    from rlserve.environment import python_tool
+
+    monkeypatch.setattr(python_tool, "sandbox_available", lambda: "no user namespaces")
+    tools = {"python": {"tool": "python"}}
+    with pytest.raises(ConfigError) as error:
+        validate_config(EnvironmentServiceConfig, {"tools": tools})
+    assert "tools.python.kwargs" in error.value.paths
+    assert "no user namespaces" in str(error.value) and "allow_without_isolation" in str(
+        error.value
+    )
+    tools["python"]["kwargs"] = {"allow_without_isolation": True}
+    validate_config(EnvironmentServiceConfig, {"tools": tools})  # said so: it builds

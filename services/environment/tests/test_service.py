@@ -29,6 +29,7 @@ TOOLS = {
     "counter": {"tool": "sample_tools:Counter", "kwargs": {"stop": 2}},
     "sleeper": {"tool": "sample_tools:Sleeper", "timeout_s": 0.5},
     "raiser": {"tool": "sample_tools:Raiser"},
+    "python": {"tool": "python"},
 }
 
 
@@ -142,3 +143,14 @@ def test_get_info_lists_the_tools_schemas(stub):
     assert set(info.tool_schemas_json) == set(TOOLS)
     schema = json.loads(info.tool_schemas_json["calculator"])
     assert schema["function"]["name"] == "calculator"
+
+
+def test_the_python_tool_runs_in_the_replicas_sandbox(stub):
+    answer = _call(stub, "python", {"code": "import socket\nprint(sum(range(10)))"})
+    assert (answer.observation, answer.error) == ("45\n", "")
+    refused = _call(
+        stub,
+        "python",
+        {"code": "import urllib.request\nurllib.request.urlopen('http://1.1.1.1', timeout=2)"},
+    )
+    assert "exit status 1" in refused.observation and refused.error == ""

@@ -24,10 +24,11 @@ from rlserve.core.config import ConfigError
 from rlserve.core.environment_settings import EnvironmentSettings, ToolConfig
 from rlserve.core.replica_pool import ReplicaPlacementConfig
 from rlserve.core.tracing_config import TracingConfig
+from rlserve.environment.python_tool import PythonTool
 from rlserve.environment.tools import Calculator, Tool, user_tool
 
-BUILT_IN_TOOLS: dict[str, Any] = {"calculator": Calculator}
-"""Built-in tools by name (the sandboxed Python executor registers as "python")."""
+BUILT_IN_TOOLS: dict[str, Any] = {"calculator": Calculator, "python": PythonTool}
+"""Built-in tools by name."""
 
 
 def build_tool(config: ToolConfig) -> Tool:
