@@ -750,3 +750,36 @@ def test_zero_width_responses_cross_to_the_workers_and_back(service):
         assert error.message.startswith("batch."), error.message
     else:
         assert scores["log_probs"].shape == (2, 0)
+
+
+def test_observation_tokens_change_no_update(process_group, tiny_model_dir):
+    """A multi-turn batch's observations (response mask 0 inside a response) count in no
+    loss: changing what a loss could read there (advantages, old log-probs) leaves the
+    trained weights identical, while the same change on the model's tokens does not."""
+    base = Service(tiny_model_dir).update_batch(advantage=1.0)
+    mask = base["response_mask"].clone()
+    observation = torch.zeros_like(mask, dtype=torch.bool)
+    observation[:, 1:3] = mask[:, 1:3].bool()  # two positions of every row become a tool's
+    assert observation.any()
+    mask[observation] = 0
+    tensors = {**base.tensors, "response_mask": mask}
+
+    def trained(changed: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch = Batch(
+            {
+                **tensors,
+                "advantages": torch.where(changed, 5.0, tensors["advantages"]),
+                "old_log_probs": torch.where(changed, -0.3, tensors["old_log_probs"]),
+            },
+            meta=base.meta,
+        )
+        service = Service(tiny_model_dir)
+        service.update_actor(0, 0, batch)
+        return service.worker.policy_weights()
+
+    untouched = trained(torch.zeros_like(observation))
+    at_observations = trained(observation)
+    for key, weight in untouched.items():
+        assert torch.equal(at_observations[key], weight), key
+    at_model_tokens = trained(mask.bool() & ~observation)
+    assert any(not torch.equal(at_model_tokens[k], w) for k, w in untouched.items())
