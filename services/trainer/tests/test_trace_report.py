@@ -500,3 +500,22 @@ def test_bottleneck_names_the_service_holding_most_of_the_critical_path(step_fil
         "19.0%); by service: rollout 71.0%, trainer 29.0%"
     )
     assert "  " + line in tr.format_step(report)
+
+
+def test_tools_name_the_slowest_and_the_share_of_the_step_spent_waiting():
+    rows = [
+        ("ppo.step", "1", None, "trainer", 0, 100),
+        ("agent.generate", "2", "1", "rollout", 0, 10),
+        ("agent.tool/python", "3", "1", "rollout", 10, 50),
+        ("agent.tool/calc", "4", "1", "rollout", 12, 14),
+        ("agent.tool/calc", "5", "1", "rollout", 60, 63),
+        ("agent.generate", "6", "1", "rollout", 63, 70),
+    ]
+    (step,) = tr.find_steps(tr.spans_from_otlp_json(otlp_request(rows)))
+    report = tr.analyse_step(step)
+    assert list(report.tools) == ["python", "calc"]  # slowest call first
+    calc = report.tools["calc"]
+    assert (calc.calls, _ms(calc.total_ns), _ms(calc.slowest_ns)) == (2, 5, 3)
+    assert _ms(report.tool_wait_ns) == 43  # 10..50 and 60..63
+    text = tr.format_step(report)
+    assert "tools: slowest python; some call pending 43.0 ms (43.0% of the step)" in text

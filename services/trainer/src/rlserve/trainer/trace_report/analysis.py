@@ -215,6 +215,35 @@ def rpc_overheads(spans: Sequence[Span], children: dict[str, list[Span]]) -> lis
     return found
 
 
+TOOL_SPAN_PREFIX = "agent.tool/"
+"""A multi-turn rollout's tool call (rlserve.rollout.agent_loop), named by its tool."""
+
+
+@dataclass
+class ToolUsage:
+    """One tool's calls in a step."""
+
+    calls: int
+    total_ns: int
+    """Their durations summed (calls run concurrently, so this can pass the step's)."""
+    slowest_ns: int
+
+
+def tool_usage(spans: Sequence[Span]) -> dict[str, ToolUsage]:
+    """Tool name → its calls, slowest call first."""
+    groups: dict[str, list[Span]] = defaultdict(list)
+    for span in spans:
+        if span.name.startswith(TOOL_SPAN_PREFIX):
+            groups[span.name.removeprefix(TOOL_SPAN_PREFIX)].append(span)
+    usage = {
+        name: ToolUsage(
+            len(calls), sum(c.duration_ns for c in calls), max(c.duration_ns for c in calls)
+        )
+        for name, calls in groups.items()
+    }
+    return dict(sorted(usage.items(), key=lambda item: -item[1].slowest_ns))
+
+
 @dataclass
 class StepReport:
     step: StepTrace
@@ -226,6 +255,10 @@ class StepReport:
     stages: dict[tuple[str, str], Usage]
     """(service, span name) → usage."""
     rpcs: list[RpcOverhead]
+    tools: dict[str, ToolUsage]
+    """Tool name → its calls (multi-turn rollouts), slowest call first."""
+    tool_wait_ns: int
+    """Time some tool call was pending (the union of the calls)."""
 
     @property
     def path_by_service(self) -> dict[str, int]:
@@ -270,4 +303,8 @@ def analyse_step(step: StepTrace) -> StepReport:
         services=usage_by(step.spans, children, "service"),
         stages=dict(sorted(stages.items(), key=lambda item: -item[1].self_ns)),
         rpcs=rpc_overheads(step.spans, children),
+        tools=tool_usage(step.spans),
+        tool_wait_ns=union_ns(
+            (s.start_ns, s.end_ns) for s in step.spans if s.name.startswith(TOOL_SPAN_PREFIX)
+        ),
     )

@@ -78,6 +78,17 @@ def format_step(report: StepReport, path_limit: int = 40) -> str:
         lines.append(
             f"    {usage.count:5d} {_ms(usage.wall_ns)} {_ms(usage.self_ns)}  {name} ({service})"
         )
+    if report.tools:
+        slowest = next(iter(report.tools))
+        lines.append(
+            f"  tools: slowest {slowest}; some call pending {_ms(report.tool_wait_ns).strip()} ms "
+            f"({_pct(report.tool_wait_ns, total).strip()} of the step)\n"
+            "    calls  summed ms  slowest ms  tool"
+        )
+        for name, usage in report.tools.items():
+            lines.append(
+                f"    {usage.calls:5d} {_ms(usage.total_ns)}  {_ms(usage.slowest_ns)}  {name}"
+            )
     if report.rpcs:
         lines.append(
             "  RPC overhead (client time outside the server's work spans):\n"
