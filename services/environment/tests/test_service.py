@@ -7,6 +7,7 @@ Two apps on the shared Serve instance:
 """
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import grpc
 import pytest
 from ray import serve
 
+from rlserve.core.placement import serve_details, serve_replicas
 from rlserve.core.rpc import call_metadata
 from rlserve.environment.app import build_app, deployment_options
 from rlserve.environment.config import EnvironmentServiceConfig
@@ -82,17 +84,36 @@ def test_64_concurrent_clients_on_two_replicas_all_get_their_answer(stub):
     with ThreadPoolExecutor(64) as pool:
         results = [ok for answers in pool.map(client, range(64)) for ok in answers]
     assert len(results) == 640 and all(results)
-    pids = {
-        stub.GetInfo(
-            environment_pb2.EnvironmentServiceGetInfoRequest(),
-            metadata=call_metadata(APP_SCALED),
-            timeout=TIMEOUT_S,
-        )
-        .info.workers[0]
-        .pid
-        for _ in range(40)
-    }
-    assert len(pids) == 2  # both replicas answer
+    # both replicas run and answer, each on its own port (Serve's direct ingress)
+    replicas = {replica["pid"] for replica in serve_replicas(APP_SCALED)}
+    assert len(replicas) == 2
+    answered = set()
+    for target in _direct_targets(APP_SCALED, 2):
+        with grpc.insecure_channel(target) as channel:
+            info = environment_pb2_grpc.EnvironmentServiceStub(channel).GetInfo(
+                environment_pb2.EnvironmentServiceGetInfoRequest(),
+                metadata=call_metadata(APP_SCALED),
+                timeout=TIMEOUT_S,
+            )
+        answered.add(info.info.workers[0].pid)
+    assert answered == replicas
+
+
+def _direct_targets(app: str, count: int) -> list[str]:
+    """Each replica's own gRPC address, once Serve publishes them all (a controller loop
+    or two after the app runs)."""
+    deadline_s = time.monotonic() + 30
+    while True:
+        targets = [
+            f"{target['ip']}:{target['port']}"
+            for group in serve_details().get("target_groups") or []
+            if group.get("app_name") == app and group.get("protocol") == "gRPC"
+            for target in group.get("targets") or []
+        ]
+        if len(targets) == count:
+            return targets
+        assert time.monotonic() < deadline_s, f"Serve published {targets} for {app} in 30 s"
+        time.sleep(0.2)
 
 
 def test_a_session_keeps_the_user_tools_state(stub):
