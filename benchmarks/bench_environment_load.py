@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 from collections import Counter
@@ -33,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
+
+from benchmarks.bench_reward_load import latency_ms
 
 APP = "environment"
 _MIB = 1 << 20
@@ -124,7 +125,7 @@ def measure(address: str, tool: str, args: argparse.Namespace) -> LoadRow:
         _load(address, tool, args.clients, args.seconds, args.call_timeout_s)
     )
     memory_end = _replica_mib()
-    latencies_ms = sorted(1000 * s for s in latencies) or [float("nan")]
+    p50_ms, p99_ms, max_ms = latency_ms(latencies)
     return LoadRow(
         tool=tool,
         clients=args.clients,
@@ -133,9 +134,9 @@ def measure(address: str, tool: str, args: argparse.Namespace) -> LoadRow:
         errors=sum(errors.values()),
         error_kinds=dict(errors),
         calls_per_s=len(latencies) / window_s,
-        p50_ms=statistics.median(latencies_ms),
-        p99_ms=latencies_ms[min(len(latencies_ms) - 1, int(0.99 * len(latencies_ms)))],
-        max_ms=latencies_ms[-1],
+        p50_ms=p50_ms,
+        p99_ms=p99_ms,
+        max_ms=max_ms,
         replica_mib_start=memory_start,
         replica_mib_end=memory_end,
     )

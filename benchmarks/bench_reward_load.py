@@ -150,6 +150,16 @@ async def _load(
     return latencies, errors, time.monotonic() - started
 
 
+def latency_ms(latencies_s: list[float]) -> tuple[float, float, float]:
+    """(p50, p99, max) in ms of the calls' latencies (NaN without any)."""
+    ordered = sorted(1000 * s for s in latencies_s) or [float("nan")]
+    return (
+        statistics.median(ordered),
+        ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        ordered[-1],
+    )
+
+
 def measure(address: str, kind: str, args: argparse.Namespace) -> LoadRow:
     # one client for a second first: the replica's first calls pay for imports and caches
     asyncio.run(_load(address, kind, 1, args.samples_per_call, 1.0, args.call_timeout_s))
@@ -158,7 +168,7 @@ def measure(address: str, kind: str, args: argparse.Namespace) -> LoadRow:
         _load(address, kind, args.clients, args.samples_per_call, args.seconds, args.call_timeout_s)
     )
     memory_end = _replica_mib()
-    latencies_ms = sorted(1000 * s for s in latencies) or [float("nan")]
+    p50_ms, p99_ms, max_ms = latency_ms(latencies)
     calls = len(latencies) + sum(errors.values())
     return LoadRow(
         kind=kind,
@@ -169,9 +179,9 @@ def measure(address: str, kind: str, args: argparse.Namespace) -> LoadRow:
         error_kinds=dict(errors),
         calls_per_s=len(latencies) / window_s,
         samples_per_s=len(latencies) * args.samples_per_call / window_s,
-        p50_ms=statistics.median(latencies_ms),
-        p99_ms=latencies_ms[min(len(latencies_ms) - 1, int(0.99 * len(latencies_ms)))],
-        max_ms=latencies_ms[-1],
+        p50_ms=p50_ms,
+        p99_ms=p99_ms,
+        max_ms=max_ms,
         replica_mib_start=memory_start,
         replica_mib_end=memory_end,
     )
