@@ -208,3 +208,24 @@ def test_a_turn_cut_by_its_budget_ends_the_sample_unparsed(tokenizer):
     tools = ScriptedTools()
     run(samples, engine, tools, deltas, max_response_tokens=5)
     assert samples[0].ending == "max_tokens" and tools.calls == []
+
+
+def test_a_request_naming_environment_apps_without_end_is_refused(tokenizer):
+    """Requests name the environment app; each name costs the replica a gRPC channel."""
+    import grpc
+
+    from rlserve.core import api
+    from rlserve.core.serving import RpcError
+    from rlserve.rollout.agent_rollout import MAX_ENVIRONMENT_APPS, AgentRollout
+
+    rollout = AgentRollout(tokenizer)
+    rollout.check(api.Agent(environment_app="environment"))
+    for name in ("", "a/b", "x" * 65):
+        with pytest.raises(RpcError) as bad:
+            rollout.check(api.Agent(environment_app=name))
+        assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad.value.message.startswith("agent.environment_app: ")
+    rollout._clients = {f"app{i}": object() for i in range(MAX_ENVIRONMENT_APPS)}
+    with pytest.raises(RpcError, match="already calls 8 environment apps"):
+        rollout.check(api.Agent(environment_app="one-more"))
+    rollout.check(api.Agent(environment_app="app3"))  # one it already calls

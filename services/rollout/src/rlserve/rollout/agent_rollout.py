@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import uuid
 from collections import Counter
 from typing import Any
@@ -44,6 +45,10 @@ from rlserve.rollout.trajectory import ChatDeltas, TemplateError, Trajectory
 from rlserve.v1 import environment_pb2, environment_pb2_grpc
 
 TOOLS_KWARGS_COLUMN = "tools_kwargs"
+APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_ENVIRONMENT_APPS = 8
+"""Environment apps one replica keeps a client (a gRPC channel) for: requests name the
+app, so a bound keeps callers from making it open channels without end."""
 
 
 def serve_proxy_address() -> str:
@@ -85,8 +90,20 @@ class AgentRollout:
             raise invalid_argument(
                 "agent.tool_timeout_s", f"must be > 0, got {agent.tool_timeout_s}"
             )
-        if not agent.environment_app:
-            raise invalid_argument("agent.environment_app", "names no Serve application")
+        if not APP_NAME.fullmatch(agent.environment_app):
+            raise invalid_argument(
+                "agent.environment_app",
+                "must be a Serve application name ([A-Za-z0-9._-], 1 to 64)",
+            )
+        if (
+            agent.environment_app not in self._clients
+            and len(self._clients) >= MAX_ENVIRONMENT_APPS
+        ):
+            raise invalid_argument(
+                "agent.environment_app",
+                f"this replica already calls {MAX_ENVIRONMENT_APPS} environment apps "
+                f"({', '.join(sorted(self._clients))}); use one of them",
+            )
         try:
             self.deltas()
         except TemplateError as error:
