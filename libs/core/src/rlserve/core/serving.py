@@ -258,21 +258,14 @@ def rpc_method(
 
         @functools.wraps(method)
         async def wrapper(self: Any, request: Any, grpc_context: Any) -> Response:
-            def describe(response: Any) -> dict[str, Any]:
-                return _proto_attributes(request, response)
-
-            try:
-                return await _served(
-                    service,
-                    rpc,
-                    tuple(grpc_context.invocation_metadata()),
-                    lambda call: method(self, request, call),
-                    describe,
-                )
-            except _Failed as failure:
-                grpc_context.set_code(failure.code)
-                grpc_context.set_details(failure.message)
-                return response_type()
+            return await _answered_by_grpc(
+                grpc_context,
+                service,
+                rpc,
+                request,
+                lambda call: method(self, request, call),
+                response_type,
+            )
 
         return _served_by_grpc(wrapper)
 
@@ -300,21 +293,35 @@ def batch_rpc(request_type: type) -> Callable[[Callable[..., Awaitable[Any]]], A
                 plain = request_type.from_proto(request, reads_tensors)
                 return (await method(self, plain, call)).to_proto(request_type.RESPONSE_PROTO)
 
-            def describe(response: Any) -> dict[str, Any]:
-                return _proto_attributes(request, response)
-
-            metadata = tuple(grpc_context.invocation_metadata())
-            try:
-                return await _served(request_type.SERVICE, rpc, metadata, run, describe)
-            except _Failed as failure:
-                grpc_context.set_code(failure.code)
-                grpc_context.set_details(failure.message)
-                return request_type.RESPONSE_PROTO()
+            return await _answered_by_grpc(
+                grpc_context, request_type.SERVICE, rpc, request, run, request_type.RESPONSE_PROTO
+            )
 
         wrapper.plain_api = (request_type, method)  # type: ignore[attr-defined]
         return _served_by_grpc(wrapper)
 
     return decorate
+
+
+async def _answered_by_grpc(
+    grpc_context: Any,
+    service: str,
+    rpc: str,
+    request: Any,
+    run: Callable[[Call], Awaitable[Any]],
+    response_type: Callable[[], Any],
+) -> Any:
+    """A gRPC call (protobuf `request`) through `_served`: a failure's status and
+    message go on the context, and Serve is handed an empty `response_type()` it drops."""
+    metadata = tuple(grpc_context.invocation_metadata())
+    try:
+        return await _served(
+            service, rpc, metadata, run, functools.partial(_proto_attributes, request)
+        )
+    except _Failed as failure:
+        grpc_context.set_code(failure.code)
+        grpc_context.set_details(failure.message)
+        return response_type()
 
 
 def _served_by_grpc(wrapper: Any) -> Any:
