@@ -55,6 +55,33 @@ def test_verl_layout_parquet_with_dotted_key(tmp_path, tokenizer):
     assert loaded.rows == [PromptRow("What is 2+2?", "4")]
 
 
+def test_tools_kwargs_of_each_row_reach_the_prompt_batch(tmp_path, tokenizer):
+    """VeRL's layout keeps them under extra_info; given as an object or its JSON text;
+    a row without them passes none, and a batch of such rows has no column for them."""
+    rows = [
+        {"prompt": "1+2=", "ground_truth": "3", "extra_info": {"tools_kwargs": {"calc": {"x": 1}}}},
+        {"prompt": "2+2=", "ground_truth": "4", "extra_info": {"tools_kwargs": '{"calc": {}}'}},
+        {"prompt": "3+2=", "ground_truth": "5"},
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    loaded = load_prompt_rows(path, tokenizer, tools_kwargs_key="extra_info.tools_kwargs")
+    assert [row.tools_kwargs for row in loaded.rows] == ['{"calc": {"x": 1}}', '{"calc": {}}', ""]
+    batch = prompt_batch(loaded.rows, tokenizer)
+    assert batch.non_tensors["tools_kwargs"] == ['{"calc": {"x": 1}}', '{"calc": {}}', ""]
+    assert "tools_kwargs" not in prompt_batch(loaded.rows[2:], tokenizer).non_tensors
+
+
+@pytest.mark.parametrize("value", [[1, 2], "not json", 7])
+def test_tools_kwargs_that_are_no_object_name_the_row_and_the_setting(tmp_path, tokenizer, value):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"prompt": "1+2=", "ground_truth": "3", "tools_kwargs": value}))
+    with pytest.raises(
+        ValueError, match=r"row 0: 'tools_kwargs' must be an object.*tools_kwargs_key"
+    ):
+        load_prompt_rows(path, tokenizer)
+
+
 def test_missing_key_names_it_and_the_setting(tmp_path, tokenizer):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")

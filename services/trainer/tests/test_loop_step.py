@@ -602,3 +602,49 @@ def test_an_agent_run_asks_for_tools_and_scores_their_outcomes(
     assert generate.agent.environment_app == "environment"
     assert (generate.agent.tool_call_format, generate.agent.max_turns) == ("bracket", 3)
     assert metrics["reward_mean"] == pytest.approx(reward_mean)
+
+
+@pytest.mark.parametrize("on_tool_error", ["continue", "drop_sample"])
+def test_drop_sample_takes_the_signal_of_a_response_with_a_failed_call(
+    tokenizer, tmp_path, on_tool_error
+):
+    """GRPO, two responses per prompt: row 0's call failed. Dropped, its advantage is 0
+    and its row stays; its group partner's advantage is the same either way."""
+    metrics, clients = one_step(
+        tokenizer,
+        tmp_path,
+        algorithm={"adv_estimator": "grpo"},
+        rollout={
+            "max_new_tokens": 3,
+            "responses_per_prompt": 2,
+            "agent": {"tool_call_format": "bracket", "on_tool_error": on_tool_error},
+        },
+    )
+    advantages = actor_batch(clients)["advantages"]
+    assert advantages.shape[0] == 4
+    assert advantages[1:].abs().sum() > 0
+    if on_tool_error == "drop_sample":
+        assert torch.equal(advantages[0], torch.zeros_like(advantages[0]))
+        assert metrics["agent/dropped_samples"] == 1.0
+    else:
+        assert advantages[0].abs().sum() > 0
+        assert "agent/dropped_samples" not in metrics
+
+
+def test_a_generation_answering_fewer_samples_than_asked_fails_the_step(tokenizer, tmp_path):
+    """A batch is never silently short: the step stops, naming what it asked for and got."""
+    config = validate_config(
+        RunConfig,
+        {"trainer": {"prompts_per_step": 2, "run_dir": str(tmp_path)}, "actor": {}},
+    )
+    clients = fake_clients(config.needs_critic, config.needs_reference)
+
+    def short(request):
+        answer = batch_from_proto(_generate(request).batch)
+        return rollout_pb2.GenerateSequencesResponse(batch=batch_to_proto(answer.index([0])))
+
+    clients.rollout.handlers["GenerateSequences"] = short
+    rows = [PromptRow(f"{a}+{a}=", str(2 * a)) for a in range(1, 9)]
+    trainer = PPOTrainer(config, clients, tokenizer, rows, rows[:2], tmp_path)
+    with pytest.raises(RuntimeError, match=r"answered 1 samples for 2 prompts x 1 responses = 2"):
+        asyncio.run(trainer.run_step())

@@ -80,10 +80,12 @@ class AgentConfig(ConfigModel):
     """The chat role observations are rendered as."""
     tool_reward_weight: float = Field(0.0, allow_inf_nan=False)
     """Weight of the tools' step rewards (summed per response) added to its score."""
-    on_tool_error: Literal["continue", "zero_reward"] = "continue"
+    on_tool_error: Literal["continue", "zero_reward", "drop_sample"] = "continue"
     """A response with a failed call (timeout, tool error, unreachable tool, malformed
-    call): "continue" scores it as any other; "zero_reward" scores it 0. Either way the
-    failures are counted in the step's metrics (generate/agent/errors_<kind>)."""
+    call): "continue" scores it as any other; "zero_reward" scores it 0; "drop_sample"
+    gives it no policy-gradient signal (advantage 0; its row stays in the batch and is
+    counted in agent/dropped_samples). Either way the failures are counted in the step's
+    metrics (generate/agent/errors_<kind>)."""
     environment: EnvironmentSettings = Field(default_factory=EnvironmentSettings)
     """The environment service the run deploys (Serve app "environment"): its tools,
     limits and scaling."""

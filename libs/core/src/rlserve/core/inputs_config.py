@@ -152,6 +152,10 @@ class DataConfig(ConfigModel):
     """Column (jsonl key) holding the prompt text."""
     ground_truth_key: str = "ground_truth"
     """Column (jsonl key) holding the reference answer passed to the reward."""
+    tools_kwargs_key: str = "tools_kwargs"
+    """Column (dotted path) of a row's arguments per tool for a multi-turn run
+    (rollout.agent): an object by tool name, handed to the environment with each of that
+    row's calls (VeRL's layout: extra_info.tools_kwargs). Rows without it pass none."""
     max_prompt_tokens: int = Field(64, ge=1)
     """Longest prompt, in tokens as the tokenizer encodes it (BOS included); longer ones
     are handled as long_prompts says. Plus rollout.max_new_tokens, it must fit the model's

@@ -31,6 +31,8 @@ LongPrompts = Literal["drop", "truncate_left", "truncate_right", "error"]
 class PromptRow:
     prompt: str
     ground_truth: str
+    tools_kwargs: str = ""
+    """The row's arguments per tool (a JSON object by tool name), "" for none."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,15 @@ class PromptRows:
     """The file's longest prompt in tokens, BOS included, before any cut (0: no rows)."""
 
 
-def _lookup(row: dict, dotted_key: str, path: Path, index: int) -> Any:
+_MISSING = object()
+
+
+def _lookup(row: dict, dotted_key: str, path: Path, index: int, default: Any = _MISSING) -> Any:
     value: Any = row
     for part in dotted_key.split("."):
         if not isinstance(value, dict) or part not in value:
+            if default is not _MISSING:
+                return default
             raise ValueError(
                 f"{path}: row {index} has no {dotted_key!r} (keys: {sorted(row)}); set "
                 "data.prompt_key / data.ground_truth_key to the right column"
@@ -67,6 +74,25 @@ def _render_prompt(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> str:
             return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         return "\n".join(str(message.get("content", "")) for message in prompt)
     raise ValueError(f"prompt must be text or a list of chat messages, got {type(prompt).__name__}")
+
+
+def _tools_kwargs(record: dict, key: str, path: Path, index: int) -> str:
+    """A row's tools_kwargs as JSON text ("" when it has none): an object by tool name,
+    given as one or as its JSON text."""
+    value = _lookup(record, key, path, index, default=None)
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{path}: row {index}: {key!r} must be an object of arguments by tool name "
+            "(or its JSON text); fix the row or set data.tools_kwargs_key to the right column"
+        )
+    return json.dumps(value)
 
 
 def _read_records(path: Path) -> list[dict]:
@@ -87,6 +113,7 @@ def load_prompt_rows(
     ground_truth_key: str = "ground_truth",
     max_prompt_tokens: int | None = None,
     long_prompts: LongPrompts = "drop",
+    tools_kwargs_key: str = "tools_kwargs",
 ) -> PromptRows:
     """Reads a dataset; fits prompts into max_prompt_tokens as long_prompts says.
 
@@ -108,6 +135,9 @@ def load_prompt_rows(
     truths = [
         str(_lookup(record, ground_truth_key, path, index)) for index, record in enumerate(records)
     ]
+    tools_kwargs = [
+        _tools_kwargs(record, tools_kwargs_key, path, index) for index, record in enumerate(records)
+    ]
     # One batch call: the Rust tokenizers encode it in parallel, row by row is far slower.
     lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]] if prompts else []
     longest = max(lengths, default=0)
@@ -122,7 +152,9 @@ def load_prompt_rows(
         )
     rows, dropped, truncated = [], 0, 0
     long_rows = set(too_long)
-    for index, (prompt, truth) in enumerate(zip(prompts, truths, strict=True)):
+    for index, (prompt, truth, kwargs) in enumerate(
+        zip(prompts, truths, tools_kwargs, strict=True)
+    ):
         if index in long_rows:
             if long_prompts == "drop":
                 dropped += 1
@@ -137,7 +169,7 @@ def load_prompt_rows(
                     "(BOS); raise data.max_prompt_tokens"
                 )
             truncated += 1
-        rows.append(PromptRow(prompt, truth))
+        rows.append(PromptRow(prompt, truth, kwargs))
     if not rows:
         raise ValueError(
             f"{path}: no usable rows ({len(prompts)} read, {dropped} of them longer than "
@@ -178,19 +210,23 @@ def _truncate_prompt(
 
 
 def prompt_batch(rows: list[PromptRow], tokenizer: PreTrainedTokenizerBase) -> Batch:
-    """Left-padded input_ids/attention_mask [B, P] + prompt_text/ground_truth columns."""
+    """Left-padded input_ids/attention_mask [B, P] + prompt_text/ground_truth columns,
+    and tools_kwargs when some row has them."""
     encoded = tokenizer(
         [row.prompt for row in rows], padding=True, return_tensors="pt", padding_side="left"
     )
+    non_tensors = {
+        "prompt_text": [row.prompt for row in rows],
+        "ground_truth": [row.ground_truth for row in rows],
+    }
+    if any(row.tools_kwargs for row in rows):
+        non_tensors["tools_kwargs"] = [row.tools_kwargs for row in rows]
     return Batch(
         tensors={
             "input_ids": encoded["input_ids"].to(torch.int64),
             "attention_mask": encoded["attention_mask"].to(torch.int64),
         },
-        non_tensors={
-            "prompt_text": [row.prompt for row in rows],
-            "ground_truth": [row.ground_truth for row in rows],
-        },
+        non_tensors=non_tensors,
     )
 
 

@@ -61,7 +61,7 @@ from rlserve.trainer.checkpoint import (
 from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
 from rlserve.trainer.dynamic_sampling import informative_batch
-from rlserve.trainer.rewards import Rewards, warn_reward_failures
+from rlserve.trainer.rewards import Rewards, warn_reward_failures, without_failed_tool_signal
 from rlserve.trainer.schedule import Generation, schedule_for
 from rlserve.trainer.step_metrics import step_metrics
 from rlserve.v1 import critic_pb2, rollout_pb2
@@ -193,6 +193,13 @@ class PPOTrainer:
             self.agent,
         )
         answer = await self.clients.rollout.call_api(request)
+        asked = len(rows) * sampling.responses_per_prompt
+        if len(answer.batch) != asked:
+            # a short batch would train on fewer samples than the step reports
+            raise RuntimeError(
+                f"GenerateSequences answered {len(answer.batch)} samples for {len(rows)} "
+                f"prompts x {sampling.responses_per_prompt} responses = {asked}"
+            )
         return answer.batch, answer.metrics
 
     async def _generate_step(
@@ -467,6 +474,10 @@ class PPOTrainer:
         metrics = {}
         if config.algorithm.filter_overlong:
             actor_batch, metrics = self._without_truncated_signal(actor_batch)
+        agent = config.rollout.agent
+        if agent is not None and agent.on_tool_error == "drop_sample":
+            actor_batch, dropped = without_failed_tool_signal(actor_batch, batch["tool_errors"])
+            metrics.update(dropped)
         if config.rollout_is_cap is not None:
             # each token's policy-gradient term weighted (see _rollout_is_weights)
             weighted = actor_batch["advantages"] * batch["rollout_is_weights"]

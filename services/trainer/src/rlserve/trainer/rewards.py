@@ -1,4 +1,5 @@
-"""A step's rewards: the reward service's scores, DAPO's overlong penalty, GDPO's kinds.
+"""A step's rewards: the reward service's scores, DAPO's overlong penalty, GDPO's kinds,
+and the tools' outcomes of a multi-turn batch (step rewards, failed calls).
 
 `Rewards` makes the ComputeReward calls and sums the figures the service reports with
 them (http_failures, http_s, rule_s...) over a step's calls; the step reports them as
@@ -126,3 +127,17 @@ def warn_reward_failures(step: int, figures: Counter[str]) -> None:
             failures,
             int(figures.get("http_requests", 0)),
         )
+
+
+def without_failed_tool_signal(
+    actor_batch: Batch, tool_errors: torch.Tensor
+) -> tuple[Batch, dict[str, float]]:
+    """The actor's batch with advantage 0 for every response with a failed tool call
+    (rollout.agent.on_tool_error "drop_sample"), and how many were dropped. The rows stay,
+    as with DAPO's overlong filter: the actor trains on whole rows, so a dropped row still
+    counts in a token-mean's denominator and a KL loss."""
+    failed = tool_errors > 0
+    kept = (~failed)[:, None].to(actor_batch["advantages"].dtype)
+    tensors = {**actor_batch.tensors, "advantages": actor_batch["advantages"] * kept}
+    metrics = {"agent/dropped_samples": float(failed.sum())}
+    return Batch(tensors, actor_batch.non_tensors, actor_batch.meta), metrics

@@ -217,6 +217,7 @@ def make_trainer(
             data.ground_truth_key,
             data.max_prompt_tokens,
             data.long_prompts,
+            data.tools_kwargs_key,
         )
         _print_prompt_counts(name, loaded[name], data.max_prompt_tokens, data.long_prompts)
     roles = set(service_args(config, inputs.model_dir))
