@@ -1,8 +1,9 @@
-"""Fixtures for whole-stack tests: a warmed-up embedded model, and Phoenix (a real OTLP
-trace backend, integration_tests/phoenix.py) for the tracing tests."""
+"""Fixtures for whole-stack tests: a warmed-up embedded model, a tool-using one, and
+Phoenix (a real OTLP trace backend, integration_tests/phoenix.py) for the tracing tests."""
 
 import pytest
 
+from integration_tests.agent_support import build_agent_model, write_agent_inputs
 from integration_tests.phoenix import phoenix_backend  # noqa: F401
 from rlserve.core.embedded.prepare import EmbeddedDefault, prepare_embedded_default
 from rlserve.core.inputs_config import ArithmeticTaskConfig, TinyModelConfig
@@ -28,3 +29,15 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedDefault:
         max_new_tokens=3,
         eval_prompts=64,
     )
+
+
+@pytest.fixture(scope="session")
+def agent_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny model taught one tool-using conversation (integration_tests/agent_support.py)."""
+    return build_agent_model(tmp_path_factory.mktemp("agent_model"))
+
+
+@pytest.fixture(scope="session")
+def agent_inputs(agent_model_dir, tmp_path_factory):
+    """Run inputs of agent_model_dir with its one prompt (integration_tests/agent_support.py)."""
+    return write_agent_inputs(agent_model_dir, tmp_path_factory.mktemp("agent_data"))

@@ -50,7 +50,7 @@ def fresh_services(config: RunConfig, inputs: RunInputs) -> None:
     """Redeploys from scratch so each test starts from the initial weights."""
     from ray import serve
 
-    for role in ("rollout", "critic", "reference", "reward"):
+    for role in ("rollout", "critic", "reference", "reward", "environment"):
         serve.delete(role)
     deploy_services(service_args(config, inputs.model_dir), timeout_s=300)
 

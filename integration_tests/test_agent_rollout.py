@@ -1,60 +1,33 @@
-"""GenerateSequences with tools, end to end on the session's cluster: the rollout service
-(hf engine) and the environment service (calculator), called through Serve's proxy.
+"""GenerateSequences with tools, end to end on the session's cluster: the rollout service,
+once per engine (hf and vLLM), and the environment service (calculator), called through
+Serve's proxy.
 
-The model is the tiny Llama taught one conversation by heart (a few hundred steps in
-this process): asked "2*3=", it writes the call "[calc: 2*3]", reads the tool's "6" and
+The model is the tiny Llama taught one tool-using conversation (integration_tests/
+agent_support.py): asked "2*3=", it writes the call "[calc: 2*3]", reads the tool's "6" and
 answers "6". So greedy decoding makes the calls this test checks, the tool really runs,
 and the answer carries the observation's tokens with mask 0 between the model's two
-turns.
+turns, token for token the same through either engine.
 """
 
 import asyncio
 import dataclasses
 import json
-import shutil
 
 import grpc
 import pytest
-import torch
 from ray import serve
 
+from integration_tests.agent_support import TEMPLATE
 from rlserve.core import api
 from rlserve.core.batch import Batch
 from rlserve.core.embedded.tokenizer import build_char_tokenizer
-from rlserve.core.modeling import load_causal_lm
 from rlserve.core.rpc import ServiceClient, open_channel
 from rlserve.environment.app import build_app as build_environment
 from rlserve.rollout.app import build_app as build_rollout
 from rlserve.v1 import rollout_pb2_grpc
 
-ROLLOUT, ENVIRONMENT = "rollout-agent", "environment-agent"
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}#{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
-CONVERSATION = "<user>2*3=#<assistant>[calc: 2*3]#<tool>6#<assistant>6#"
-
-
-@pytest.fixture(scope="module")
-def agent_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model, its tokenizer with a chat template, taught CONVERSATION + EOS."""
-    directory = tmp_path_factory.mktemp("agent_model")
-    shutil.copytree(tiny_model_dir, directory, dirs_exist_ok=True)
-    tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(directory)
-    ids = torch.tensor([[*tokenizer.encode(CONVERSATION, add_special_tokens=False), 2]])  # + EOS
-    torch.manual_seed(0)
-    model = load_causal_lm(str(directory), "float32")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.save_pretrained(directory)
-    assert loss.item() < 0.05, f"the tiny model did not learn its conversation (loss {loss:.3f})"
-    return directory
+ENVIRONMENT = "environment-agent"
+ENGINES = ("hf", "vllm")
 
 
 @pytest.fixture(scope="module")
@@ -62,25 +35,30 @@ def client(serve_cluster, agent_model_dir, tmp_path_factory):
     # the calculator under the name the model learned to call
     environment = {"tools": {"calc": {"tool": "calculator"}}, "num_cpus_per_replica": 0.5}
     serve.run(build_environment(environment), name=ENVIRONMENT, route_prefix=f"/{ENVIRONMENT}")
-    serve.run(
-        build_rollout(
-            {
-                "model_path": str(agent_model_dir),
-                "checkpoint_root": str(tmp_path_factory.getbasetemp().resolve()),
-                "ppo_mini_batch_samples": 2,
-                "micro_batch_samples": 2,
-                "max_new_tokens_limit": 64,
-            }
-        ),
-        name=ROLLOUT,
-        route_prefix=f"/{ROLLOUT}",
-    )
+    for engine in ENGINES:
+        serve.run(
+            build_rollout(
+                {
+                    "model_path": str(agent_model_dir),
+                    "checkpoint_root": str(tmp_path_factory.getbasetemp().resolve()),
+                    "engine": engine,
+                    "ppo_mini_batch_samples": 2,
+                    "micro_batch_samples": 2,
+                    "max_new_tokens_limit": 64,
+                }
+            ),
+            name=f"rollout-agent-{engine}",
+            route_prefix=f"/rollout-agent-{engine}",
+        )
     yield serve_cluster
-    serve.delete(ROLLOUT)
+    for engine in ENGINES:
+        serve.delete(f"rollout-agent-{engine}")
     serve.delete(ENVIRONMENT)
 
 
-def generate(address: str, prompts: list[str], agent: api.Agent, max_new_tokens: int = 40):
+def generate(
+    address: str, engine: str, prompts: list[str], agent: api.Agent, max_new_tokens: int = 40
+):
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = TEMPLATE
     texts = [
@@ -100,7 +78,9 @@ def generate(address: str, prompts: list[str], agent: api.Agent, max_new_tokens:
 
     async def call():
         channel = open_channel(address)
-        service = ServiceClient(channel, rollout_pb2_grpc.RolloutServiceStub, ROLLOUT, 120.0)
+        service = ServiceClient(
+            channel, rollout_pb2_grpc.RolloutServiceStub, f"rollout-agent-{engine}", 120.0
+        )
         try:
             return await service.call_api(request)
         finally:
@@ -121,8 +101,9 @@ AGENT = api.Agent(
 )
 
 
-def test_a_tool_call_runs_and_its_answer_sits_between_the_turns_with_mask_0(client):
-    answer, tokenizer = generate(client.grpc_address, ["2*3="], AGENT)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_tool_call_runs_and_its_answer_sits_between_the_turns_with_mask_0(client, engine):
+    answer, tokenizer = generate(client.grpc_address, engine, ["2*3="], AGENT)
     batch = answer.batch
     length = int(batch["attention_mask"][0, batch["prompts"].shape[1] :].sum())
     response = batch["responses"][0, :length].tolist()
@@ -144,6 +125,8 @@ def test_a_tool_call_runs_and_its_answer_sits_between_the_turns_with_mask_0(clie
 def test_a_request_the_service_cannot_run_is_invalid_argument_naming_the_field(client):
     for field, value in (("tool_call_format", "xml"), ("max_turns", 0)):
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            generate(client.grpc_address, ["2*3="], dataclasses.replace(AGENT, **{field: value}))
+            generate(
+                client.grpc_address, "hf", ["2*3="], dataclasses.replace(AGENT, **{field: value})
+            )
         assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error.value.details().startswith(f"agent.{field}: ")

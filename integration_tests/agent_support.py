@@ -1,0 +1,99 @@
+"""The multi-turn tests' policy, data and run config.
+
+The policy is a tiny Llama taught one tool-using conversation by heart. Asked "2*3=" (as
+the user's message of TEMPLATE), it writes the call "[calc: 2*3]", reads the tool's "6"
+and answers "6" then EOS, so greedy decoding (and sampling at temperature 1, the loss
+being near 0) makes the calls a test checks. Head size 32, which vLLM's CPU attention
+supports, so both engines can serve it.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from integration_tests.support import tiny_run_config
+from rlserve.core.embedded.model import build_tiny_llama, save_model
+from rlserve.core.embedded.tokenizer import save_char_tokenizer
+from rlserve.core.run_config import RunConfig
+from rlserve.trainer.run import RunInputs
+
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}#{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+"""Each message as <role>content#, then the assistant's turn opening."""
+CONVERSATION = "<user>2*3=#<assistant>[calc: 2*3]#<tool>6#<assistant>6#"
+PROMPT = "2*3="
+ANSWER = "6"
+
+
+def build_agent_model(directory: Path) -> Path:
+    """Writes the taught model and its tokenizer (with TEMPLATE) to `directory`."""
+    tokenizer = save_char_tokenizer(directory)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(directory)
+    ids = [*tokenizer.encode(CONVERSATION, add_special_tokens=False), tokenizer.eos_token_id]
+    ids = torch.tensor([ids])
+    model = build_tiny_llama(
+        tokenizer, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=0
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05, f"the tiny model did not learn its conversation (loss {loss:.3f})"
+    save_model(model, directory)
+    return directory
+
+
+def write_agent_inputs(model_dir: Path, data_dir: Path) -> RunInputs:
+    """Train and eval sets of PROMPT as a chat message (16 rows each), for `model_dir`."""
+    row = json.dumps({"prompt": [{"role": "user", "content": PROMPT}], "ground_truth": ANSWER})
+    for name in ("train", "eval"):
+        (data_dir / f"{name}.jsonl").write_text("\n".join([row] * 16) + "\n")
+    return RunInputs(str(model_dir), str(data_dir / "train.jsonl"), str(data_dir / "eval.jsonl"))
+
+
+def agent_run_config(
+    run_dir: Path,
+    calc: dict,
+    on_tool_error: str = "continue",
+    total_steps: int = 3,
+    prompts_per_step: int = 4,
+    responses_per_prompt: int = 2,
+    rollout_mode: str = "sync",
+    **trainer,
+) -> RunConfig:
+    """GRPO without a KL term (rollout, reward and environment services only), each
+    response allowed one call of the tool "calc" that `calc` configures."""
+    return tiny_run_config(
+        run_dir,
+        algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0}},
+        actor={"ppo_mini_batch_prompts": 2, "micro_batch_samples": 4, "ppo_epochs": 1},
+        rollout={
+            "max_new_tokens": 40,
+            "mode": rollout_mode,
+            "responses_per_prompt": responses_per_prompt,
+            "eval_every_steps": 0,
+            "agent": {
+                "tool_call_format": "bracket",
+                "bracket_argument": "expression",
+                "max_turns": 2,
+                "max_tool_calls": 1,
+                "tool_timeout_s": 20,
+                "on_tool_error": on_tool_error,
+                "environment": {"tools": {"calc": calc}},
+            },
+        },
+        trainer={
+            "total_steps": total_steps,
+            "prompts_per_step": prompts_per_step,
+            "checkpoint_every_steps": 0,
+            "run_dir": str(run_dir),
+            "control_port": None,
+            **trainer,
+        },
+    )
