@@ -126,3 +126,25 @@ def compute_advantages(
     metrics["advantages_mean"] = masked_mean(advantages, mask)
     metrics["returns_mean"] = masked_mean(returns, mask)
     return {"advantages": advantages.float(), "returns": returns.float()}, metrics
+
+
+def with_weighted_advantages(actor_batch: Batch, weights: torch.Tensor) -> Batch:
+    """The actor's batch with its advantages multiplied by `weights`: one per response
+    ([rows], e.g. 0 to drop a response's signal) or one per token ([rows, tokens]). The
+    rows stay: the actor trains on whole rows, so a zeroed row still counts in a
+    token-mean's denominator and a KL loss."""
+    advantages = actor_batch["advantages"]
+    if weights.dim() == 1:
+        weights = weights[:, None]
+    tensors = {**actor_batch.tensors, "advantages": advantages * weights.to(advantages.dtype)}
+    return Batch(tensors, actor_batch.non_tensors, actor_batch.meta)
+
+
+def without_failed_tool_signal(
+    actor_batch: Batch, tool_errors: torch.Tensor
+) -> tuple[Batch, dict[str, float]]:
+    """The actor's batch with advantage 0 for every response with a failed tool call
+    (rollout.agent.on_tool_error "drop_sample"), and how many were dropped."""
+    failed = tool_errors > 0
+    metrics = {"agent/dropped_samples": float(failed.sum())}
+    return with_weighted_advantages(actor_batch, ~failed), metrics

@@ -51,6 +51,8 @@ from rlserve.trainer.advantages import (
     advantage_settings,
     compute_advantages,
     reference_drift,
+    with_weighted_advantages,
+    without_failed_tool_signal,
 )
 from rlserve.trainer.checkpoint import (
     load_service_checkpoints,
@@ -61,7 +63,7 @@ from rlserve.trainer.checkpoint import (
 from rlserve.trainer.clients import Clients
 from rlserve.trainer.data import PromptRow, PromptStream, prompt_batch
 from rlserve.trainer.dynamic_sampling import informative_batch
-from rlserve.trainer.rewards import Rewards, warn_reward_failures, without_failed_tool_signal
+from rlserve.trainer.rewards import Rewards, warn_reward_failures
 from rlserve.trainer.schedule import Generation, schedule_for
 from rlserve.trainer.step_metrics import step_metrics
 from rlserve.v1 import critic_pb2, rollout_pb2
@@ -480,12 +482,7 @@ class PPOTrainer:
             metrics.update(dropped)
         if config.rollout_is_cap is not None:
             # each token's policy-gradient term weighted (see _rollout_is_weights)
-            weighted = actor_batch["advantages"] * batch["rollout_is_weights"]
-            actor_batch = Batch(
-                {**actor_batch.tensors, "advantages": weighted},
-                actor_batch.non_tensors,
-                actor_batch.meta,
-            )
+            actor_batch = with_weighted_advantages(actor_batch, batch["rollout_is_weights"])
             metrics.update(correction_metrics)
         return actor_batch, metrics
 
@@ -500,10 +497,8 @@ class PPOTrainer:
             self.tokenizer.eos_token_id,
             self.config.rollout.max_new_tokens,
         )
-        kept = (~truncated)[:, None].to(batch["advantages"].dtype)
-        tensors = {**batch.tensors, "advantages": batch["advantages"] * kept}
         metrics = {"overlong/truncated_fraction": float(truncated.float().mean())}
-        return Batch(tensors, batch.non_tensors, batch.meta), metrics
+        return with_weighted_advantages(batch, ~truncated), metrics
 
     def _rollout_is_weights(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The batch with rollout_is_weights: each token's truncated importance weight

@@ -127,17 +127,3 @@ def warn_reward_failures(step: int, figures: Counter[str]) -> None:
             failures,
             int(figures.get("http_requests", 0)),
         )
-
-
-def without_failed_tool_signal(
-    actor_batch: Batch, tool_errors: torch.Tensor
-) -> tuple[Batch, dict[str, float]]:
-    """The actor's batch with advantage 0 for every response with a failed tool call
-    (rollout.agent.on_tool_error "drop_sample"), and how many were dropped. The rows stay,
-    as with DAPO's overlong filter: the actor trains on whole rows, so a dropped row still
-    counts in a token-mean's denominator and a KL loss."""
-    failed = tool_errors > 0
-    kept = (~failed)[:, None].to(actor_batch["advantages"].dtype)
-    tensors = {**actor_batch.tensors, "advantages": actor_batch["advantages"] * kept}
-    metrics = {"agent/dropped_samples": float(failed.sum())}
-    return Batch(tensors, actor_batch.non_tensors, actor_batch.meta), metrics
