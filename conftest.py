@@ -49,6 +49,12 @@ def serve_cluster() -> Iterator[ServeCluster]:
     # Before Ray starts: its processes, and so the replicas, inherit the environment.
     if auth.expected_token() is None:
         os.environ[auth.TOKEN_ENV] = auth.generate_token()
+    # User tools the tests load by import path ("integration_tests.agent_tools:Hang")
+    # must import in the replicas as a user's own package would.
+    repo_root = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [repo_root, *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     # Short path: Ray's unix sockets live under it (108-byte limit).
     temp_dir = Path(tempfile.mkdtemp(prefix="rlray"))
     start_local_ray(num_cpus=TEST_CLUSTER_CPUS, temp_dir=temp_dir)

@@ -25,7 +25,9 @@ TEMPLATE = (
 """Each message as <role>content#, then the assistant's turn opening."""
 CONVERSATION = "<user>2*3=#<assistant>[calc: 2*3]#<tool>6#<assistant>6#"
 PROMPT = "2*3="
-ANSWER = "6"
+LAST_TURN = "6#"
+"""The model's last turn as the reward reads it (response_text): the answer and the
+template's turn end."""
 
 
 def build_agent_model(directory: Path) -> Path:
@@ -51,7 +53,7 @@ def build_agent_model(directory: Path) -> Path:
 
 def write_agent_inputs(model_dir: Path, data_dir: Path) -> RunInputs:
     """Train and eval sets of PROMPT as a chat message (16 rows each), for `model_dir`."""
-    row = json.dumps({"prompt": [{"role": "user", "content": PROMPT}], "ground_truth": ANSWER})
+    row = json.dumps({"prompt": [{"role": "user", "content": PROMPT}], "ground_truth": LAST_TURN})
     for name in ("train", "eval"):
         (data_dir / f"{name}.jsonl").write_text("\n".join([row] * 16) + "\n")
     return RunInputs(str(model_dir), str(data_dir / "train.jsonl"), str(data_dir / "eval.jsonl"))
@@ -65,12 +67,15 @@ def agent_run_config(
     prompts_per_step: int = 4,
     responses_per_prompt: int = 2,
     rollout_mode: str = "sync",
+    reward_rule: str = "arithmetic_exact_match",
     **trainer,
 ) -> RunConfig:
     """GRPO without a KL term (rollout, reward and environment services only), each
-    response allowed one call of the tool "calc" that `calc` configures."""
+    response allowed one call of the tool "calc" that `calc` configures, scored by
+    `reward_rule`."""
     return tiny_run_config(
         run_dir,
+        reward={"kinds": {"rule": {"rule_name": reward_rule}}},
         algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0}},
         actor={"ppo_mini_batch_prompts": 2, "micro_batch_samples": 4, "ppo_epochs": 1},
         rollout={
