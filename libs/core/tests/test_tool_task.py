@@ -30,6 +30,36 @@ def test_an_episode_trains_on_the_call_and_the_answer_only():
     assert learned == "[calc: 12*3]40<eos>"
 
 
+def test_episode_accuracy_scores_direct_answers_and_answers_after_a_call():
+    """A model taught two episodes by heart: "3*4+5=" -> "[calc: 3*4]", "=12;", "17";
+    "2*2+1=" answered directly, "5" (as a policy may learn to)."""
+    import torch
+
+    from rlserve.core.embedded.model import build_tiny_llama
+    from rlserve.core.embedded.warmup import encode_sft_rows
+
+    tokenizer = build_char_tokenizer()
+    called = {"prompt": "3*4+5=", "ground_truth": "17"}
+    direct = {"prompt": "2*2+1=", "ground_truth": "5"}
+    examples = tool_task.encode_episodes([called], tokenizer) + encode_sft_rows([direct], tokenizer)
+    model = build_tiny_llama(
+        tokenizer, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=0
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in examples])
+    labels = torch.tensor([la + [-100] * (width - len(la)) for _, la in examples])
+    mask = (torch.arange(width)[None] < torch.tensor([[len(i)] for i, _ in examples])).long()
+    for _ in range(300):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert tool_task.episode_accuracy(model, tokenizer, [called, direct], 12) == 1.0
+    wrong = [{**called, "ground_truth": "12"}, {**direct, "ground_truth": "4"}]
+    assert tool_task.episode_accuracy(model, tokenizer, wrong, 12) == 0.0
+
+
 def test_the_local_calculator_answers_a_product_call_only():
     assert tool_task.local_calculator("[calc: 12*3]") == "36"
     assert tool_task.local_calculator("[calc: 12+3]") == "Error"

@@ -97,19 +97,23 @@ def episode_accuracy(
     rows: list[dict],
     max_new_tokens: int,
 ) -> float:
-    """Greedy episodes: the call (stopped at "]"), the local calculator's answer, then
-    the model's answer; the fraction whose answer is the ground truth."""
+    """Greedy episodes: the first turn (stopped at "]" or EOS); when it called, the
+    local calculator's answer and the model's second turn; the fraction whose last turn
+    is the ground truth."""
     model.eval()
     prompts = [tokenizer(row["prompt"])["input_ids"] for row in rows]
-    calls = _greedy(model, tokenizer, prompts, max_new_tokens, stop_strings=["]"])
+    firsts = _greedy(model, tokenizer, prompts, max_new_tokens, stop_strings=["]"])
+    texts = tokenizer.batch_decode(firsts, skip_special_tokens=True)
+    called = [i for i, first in enumerate(firsts) if first[-1:] != [tokenizer.eos_token_id]]
     second = []
-    for prompt, call in zip(prompts, calls, strict=True):
-        answer = tokenizer(
-            f"={local_calculator(tokenizer.decode(call))};", add_special_tokens=False
-        )
-        second.append(prompt + call + answer["input_ids"])
-    answers = _greedy(model, tokenizer, second, max_new_tokens)
-    texts = tokenizer.batch_decode(answers, skip_special_tokens=True)
+    for i in called:
+        answer = tokenizer(f"={local_calculator(texts[i])};", add_special_tokens=False)
+        second.append(prompts[i] + firsts[i] + answer["input_ids"])
+    if second:
+        answers = _greedy(model, tokenizer, second, max_new_tokens)
+        answer_texts = tokenizer.batch_decode(answers, skip_special_tokens=True)
+        for i, text in zip(called, answer_texts, strict=True):
+            texts[i] = text
     return sum(
         exact_match(t, row["ground_truth"]) for t, row in zip(texts, rows, strict=True)
     ) / len(rows)
