@@ -4,7 +4,8 @@ The policy is a tiny Llama taught one tool-using conversation by heart. Asked "2
 the user's message of TEMPLATE), it writes the call "[calc: 2*3]", reads the tool's "6"
 and answers "6" then EOS, so greedy decoding (and sampling at temperature 1, the loss
 being near 0) makes the calls a test checks. Head size 32, which vLLM's CPU attention
-supports, so both engines can serve it.
+supports, so both engines can serve it. A second one, on SmolLM2-135M-Instruct's
+tokenizer and chat template, is taught the same exchange with a Hermes call.
 """
 
 import json
@@ -36,10 +37,23 @@ def build_agent_model(directory: Path) -> Path:
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(directory)
     ids = [*tokenizer.encode(CONVERSATION, add_special_tokens=False), tokenizer.eos_token_id]
-    ids = torch.tensor([ids])
+    save_model(taught_by_heart(tokenizer, ids), directory)
+    return directory
+
+
+def taught_by_heart(tokenizer, ids: list[int]):
+    """A tiny Llama (head size 32, which vLLM's CPU attention supports) trained on `ids`
+    until it writes them back."""
     model = build_tiny_llama(
-        tokenizer, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=0
+        tokenizer,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=128,
+        max_positions=256,
+        seed=0,
     )
+    ids = torch.tensor([ids])
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(300):
         loss = model(input_ids=ids, labels=ids).loss
@@ -47,8 +61,7 @@ def build_agent_model(directory: Path) -> Path:
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.05, f"the tiny model did not learn its conversation (loss {loss:.3f})"
-    save_model(model, directory)
-    return directory
+    return model
 
 
 SMOLLM2_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2*3"}}\n</tool_call>'
@@ -97,24 +110,7 @@ def build_smollm2_agent_model(directory: Path) -> Path:
     tokenizer = smollm2_tokenizer()
     tokenizer.save_pretrained(directory)
     prompt, call, delta, answer = smollm2_conversation(tokenizer)
-    ids = torch.tensor([prompt + call + delta + answer])
-    model = build_tiny_llama(
-        tokenizer,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=128,
-        max_positions=256,
-        seed=0,
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.05, f"the tiny model did not learn its conversation (loss {loss:.3f})"
-    save_model(model, directory)
+    save_model(taught_by_heart(tokenizer, prompt + call + delta + answer), directory)
     return directory
 
 

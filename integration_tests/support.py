@@ -1,8 +1,10 @@
 """Helpers for whole-stack tests."""
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from rlserve.core.config import validate_config
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.deploy import deploy_services, service_args
+from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import RunInputs
 
 TRACED_SERVICES = {
@@ -95,3 +98,51 @@ def run_benchmark(module: str, *args: str, timeout_s: float) -> subprocess.Compl
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result
+
+
+class BackgroundRun:
+    """train_on_services in a thread, so a test can act on the cluster mid-run."""
+
+    def __init__(self, config: RunConfig, inputs: RunInputs, run_dir: Path, address: str):
+        import threading
+
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.summary = None
+        self.error: BaseException | None = None
+
+        def train() -> None:
+            from rlserve.trainer.run import train_on_services
+
+            try:
+                self.summary = asyncio.run(
+                    train_on_services(config, inputs, run_dir, address, show_progress=False)
+                )
+            except BaseException as error:  # raised in the test's thread by finished()
+                self.error = error
+
+        self.thread = threading.Thread(target=train, daemon=True)
+        self.thread.start()
+
+    def trained_steps(self) -> int:
+        if not self.metrics_path.exists():
+            return 0
+        return sum("reward_mean" in record for record in read_metrics(self.metrics_path))
+
+    def wait_for_steps(self, steps: int, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.thread.is_alive():
+            if self.trained_steps() >= steps:
+                return
+            time.sleep(0.2)
+        raise AssertionError(
+            f"the run did not reach step {steps} (alive: {self.thread.is_alive()}, "
+            f"error: {self.error!r})"
+        )
+
+    def finished(self, timeout_s: float = 600):
+        """The run's summary once it ends; its error raised here if it failed."""
+        self.thread.join(timeout=timeout_s)
+        assert not self.thread.is_alive(), "the run did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.summary

@@ -13,7 +13,6 @@ term, so the runs deploy the rollout, reward and environment services only.
 import asyncio
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from ray import serve
 
 from integration_tests.agent_support import agent_run_config
-from integration_tests.support import fresh_services
+from integration_tests.support import BackgroundRun, fresh_services
 from rlserve.core.placement import serve_replicas
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import RunInputs, train_on_services
@@ -102,31 +101,11 @@ def test_a_killed_environment_replica_is_absorbed_and_the_run_goes_on(
     total_steps = 8
     config = agent_run_config(tmp_path, {"tool": "calculator"}, "continue", total_steps)
     fresh_services(config, agent_inputs)
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["summary"] = asyncio.run(
-                train_on_services(
-                    config, agent_inputs, tmp_path, serve_cluster.grpc_address, show_progress=False
-                )
-            )
-        except BaseException as error:  # reported by the test thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "metrics.jsonl").exists() or len(_steps(tmp_path)) < 2:
-        assert thread.is_alive() and time.monotonic() < deadline, outcome
-        time.sleep(0.1)
+    run = BackgroundRun(config, agent_inputs, tmp_path, serve_cluster.grpc_address)
+    run.wait_for_steps(2, timeout_s=300)
     (replica,) = serve_replicas("environment")
     os.kill(replica["pid"], signal.SIGKILL)
-    thread.join(timeout=600)
-    assert not thread.is_alive(), "the run did not finish"
-    if "error" in outcome:
-        raise outcome["error"]
-    assert outcome["summary"].steps == total_steps
+    assert run.finished().steps == total_steps
     steps = _steps(tmp_path)
     assert [s["step"] for s in steps] == list(range(1, total_steps + 1))
     for step in steps:

@@ -4,26 +4,22 @@ after succeeds, and the other services are not touched. The run is long and stop
 through the trainer's own control service (TrainerService.Stop) a few steps after the
 redeploy, so the redeploy lands mid-run however slow the machine is."""
 
-import asyncio
 import os
 import stat
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import grpc
 import ray
 import yaml
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import BackgroundRun, fresh_services, run_inputs, tiny_run_config
 from rlserve.core import auth
 from rlserve.core.placement import serve_replicas
 from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import declared_applications
 from rlserve.trainer.metrics import read_metrics
-from rlserve.trainer.run import train_on_services
 from rlserve.v1 import trainer_pb2, trainer_pb2_grpc
 
 TOTAL_STEPS = 500  # an upper bound: the test stops the run
@@ -32,22 +28,6 @@ STEPS_AFTER_REDEPLOY = 3
 
 def _replica_ids(app: str) -> set[str]:
     return {replica["replica_id"] for replica in serve_replicas(app)}
-
-
-def _trained_steps(metrics_path: Path) -> int:
-    return sum("reward_mean" in record for record in read_metrics(metrics_path))
-
-
-def _wait_for_steps(metrics_path: Path, steps: int, thread: threading.Thread) -> None:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and thread.is_alive():
-        if (
-            metrics_path.exists()
-            and sum(r.get("step", 0) > 0 for r in read_metrics(metrics_path)) >= steps
-        ):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the run did not reach step {steps} (alive: {thread.is_alive()})")
 
 
 def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tmp_path):
@@ -65,21 +45,8 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
     serve_file = tmp_path / "reward.yaml"
     serve_file.write_text(yaml.safe_dump({"applications": [reward_app]}))
 
-    outcome: dict = {}
-
-    def train() -> None:
-        try:
-            outcome["summary"] = asyncio.run(
-                train_on_services(
-                    config, inputs, tmp_path, serve_cluster.grpc_address, show_progress=False
-                )
-            )
-        except BaseException as error:  # reported by the main thread
-            outcome["error"] = error
-
-    run = threading.Thread(target=train)
-    run.start()
-    _wait_for_steps(tmp_path / "metrics.jsonl", 2, run)
+    run = BackgroundRun(config, inputs, tmp_path, serve_cluster.grpc_address)
+    run.wait_for_steps(2)
     address = ray.get_runtime_context().gcs_address
     cli = [str(Path(sys.executable).parent / "rlserve"), "service", "--address", address]
     deployed = subprocess.run(
@@ -89,8 +56,8 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
         timeout=400,
     )
     assert deployed.returncode == 0, deployed.stderr[-3000:]
-    steps_at_redeploy_end = _trained_steps(tmp_path / "metrics.jsonl")
-    _wait_for_steps(tmp_path / "metrics.jsonl", steps_at_redeploy_end + STEPS_AFTER_REDEPLOY, run)
+    steps_at_redeploy_end = run.trained_steps()
+    run.wait_for_steps(steps_at_redeploy_end + STEPS_AFTER_REDEPLOY)
     # from another shell: `rlserve run status RUN_DIR` finds the trainer and its token
     assert stat.S_IMODE((tmp_path / "control_token").stat().st_mode) == 0o600
     status_command = subprocess.run(
@@ -112,13 +79,11 @@ def test_reward_redeployed_mid_run_and_no_step_fails(serve_cluster, embedded, tm
     stop_after = trainer.Stop(
         trainer_pb2.StopRequest(checkpoint=False), metadata=call_metadata(None), timeout=30
     ).after_step
-    run.join(timeout=600)
+    summary = run.finished()
     control.close()
-    assert not run.is_alive()
-    assert "error" not in outcome, repr(outcome.get("error"))
     records = read_metrics(tmp_path / "metrics.jsonl")
     steps = [r["step"] for r in records if "reward_mean" in r]  # training records only
-    final = outcome["summary"].steps
+    final = summary.steps
     # Stop lands after the step in progress (or, at a step boundary, before the next one).
     assert final in (stop_after - 1, stop_after)
     assert steps == list(range(1, final + 1))
