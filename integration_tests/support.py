@@ -4,6 +4,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from rlserve.core.config import validate_config
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.deploy import deploy_services, service_args
 from rlserve.trainer.metrics import read_metrics
-from rlserve.trainer.run import RunInputs
+from rlserve.trainer.run import RunInputs, train_on_services
 
 TRACED_SERVICES = {
     "rlserve-trainer",
@@ -104,40 +105,37 @@ class BackgroundRun:
     """train_on_services in a thread, so a test can act on the cluster mid-run."""
 
     def __init__(self, config: RunConfig, inputs: RunInputs, run_dir: Path, address: str):
-        import threading
-
         self.metrics_path = run_dir / "metrics.jsonl"
         self.summary = None
         self.error: BaseException | None = None
 
         def train() -> None:
-            from rlserve.trainer.run import train_on_services
-
             try:
                 self.summary = asyncio.run(
                     train_on_services(config, inputs, run_dir, address, show_progress=False)
                 )
-            except BaseException as error:  # raised in the test's thread by finished()
+            except BaseException as error:  # raised in the test's thread
                 self.error = error
 
         self.thread = threading.Thread(target=train, daemon=True)
         self.thread.start()
 
     def trained_steps(self) -> int:
+        """The highest step trained so far (0 before the first)."""
         if not self.metrics_path.exists():
             return 0
-        return sum("reward_mean" in record for record in read_metrics(self.metrics_path))
+        records = read_metrics(self.metrics_path)
+        return max((r["step"] for r in records if "reward_mean" in r), default=0)
 
     def wait_for_steps(self, steps: int, timeout_s: float = 600) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.thread.is_alive():
             if self.trained_steps() >= steps:
                 return
-            time.sleep(0.2)
-        raise AssertionError(
-            f"the run did not reach step {steps} (alive: {self.thread.is_alive()}, "
-            f"error: {self.error!r})"
-        )
+            time.sleep(0.1)
+        if self.error is not None:  # the run's own failure says more than a missing step
+            raise AssertionError(f"the run stopped before step {steps}") from self.error
+        raise AssertionError(f"the run did not reach step {steps}")
 
     def finished(self, timeout_s: float = 600):
         """The run's summary once it ends; its error raised here if it failed."""

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import grpc
 import pytest
 
 from integration_tests.support import (
+    BackgroundRun,
     assert_same_step_metrics,
     fresh_services,
     run_inputs,
@@ -147,35 +147,6 @@ def test_a_replica_whose_worker_died_answers_unavailable_then_is_replaced(
     assert response.batch.meta.weights_version == 0
 
 
-def _run_in_thread(config, inputs, run_dir: Path, address: str):
-    outcome: dict = {}
-
-    def target() -> None:
-        try:
-            outcome["summary"] = asyncio.run(
-                train_on_services(config, inputs, run_dir, address, show_progress=False)
-            )
-        except BaseException as error:  # reported by the test thread
-            outcome["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
-def _wait_for_step(metrics_path: Path, step: int, thread: threading.Thread, outcome: dict) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and thread.is_alive():
-        if metrics_path.exists() and any(
-            r["step"] >= step and "reward_mean" in r for r in read_metrics(metrics_path)
-        ):
-            return
-        time.sleep(0.1)
-    if "error" in outcome:  # the run's own failure says more than a missing step
-        raise AssertionError(f"the run stopped before step {step}") from outcome["error"]
-    raise AssertionError(f"the run did not reach step {step}")
-
-
 def _kill_reward_replica() -> None:
     (replica,) = serve_replicas("reward")
     os.kill(replica["pid"], signal.SIGKILL)
@@ -226,21 +197,16 @@ def test_a_run_that_loses_workers_and_a_replica_recovers_with_uninterrupted_metr
     inputs = run_inputs(embedded)
     address = serve_cluster.grpc_address
     fresh_services(config, inputs)
-    metrics_path = tmp_path / "metrics.jsonl"
-    thread, outcome = _run_in_thread(config, inputs, tmp_path, address)
+    run = BackgroundRun(config, inputs, tmp_path, address)
     kills = [
         (1, lambda: os.kill(_worker_pids(address, "critic")[0], signal.SIGKILL)),
         (3, lambda: os.kill(_worker_pids(address, "rollout")[0], signal.SIGKILL)),
         (4, _kill_reward_replica),
     ]
     for step, kill in kills:
-        _wait_for_step(metrics_path, step, thread, outcome)
+        run.wait_for_steps(step, timeout_s=300)
         kill()
-    thread.join(timeout=600)
-    assert not thread.is_alive(), "the run did not finish"
-    if "error" in outcome:
-        raise outcome["error"]
-    summary = outcome["summary"]
+    summary = run.finished()
     for event in summary.recoveries:
         print(f"recovery: {event}")
     assert summary.steps == TOTAL_STEPS
@@ -274,17 +240,13 @@ def test_a_restart_of_serves_proxy_mid_run_rolls_nothing_back(
     config = _fault_run_config(tmp_path, call_routes="proxy")
     inputs = run_inputs(embedded)
     fresh_services(config, inputs)
-    thread, outcome = _run_in_thread(config, inputs, tmp_path, serve_cluster.grpc_address)
-    _wait_for_step(tmp_path / "metrics.jsonl", 2, thread, outcome)
+    run = BackgroundRun(config, inputs, tmp_path, serve_cluster.grpc_address)
+    run.wait_for_steps(2, timeout_s=300)
     proxy_pid = _serve_proxy_pid()
     os.kill(proxy_pid, signal.SIGKILL)
-    _wait_for_step(tmp_path / "metrics.jsonl", 4, thread, outcome)
+    run.wait_for_steps(4, timeout_s=300)
     _kill_reward_replica()
-    thread.join(timeout=600)
-    assert not thread.is_alive(), "the run did not finish"
-    if "error" in outcome:
-        raise outcome["error"]
-    summary = outcome["summary"]
+    summary = run.finished()
     for event in summary.recoveries:
         print(f"recovery: {event}")
     assert _serve_proxy_pid() != proxy_pid  # the proxy was replaced
