@@ -31,14 +31,19 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_real_model import GIB, MemorySampler, import_smollm2
+from bench_real_model import (
+    GIB,
+    after_the_first,
+    import_smollm2,
+    mean_of,
+    sampled_train,
+    stage_means,
+    step_records,
+)
 
 SYSTEM = (
     "You solve arithmetic word problems. You can run Python: write "
@@ -143,23 +148,15 @@ def overrides(args: argparse.Namespace, model_dir: Path, data: Path) -> list[str
     ]
 
 
-def summarize(run: Path) -> dict:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    all_steps = [r for r in records if "reward_mean" in r]
-    steps = all_steps[1:] or all_steps
-
-    def mean(key: str, rows=steps) -> float:
-        values = [r[key] for r in rows if key in r]
-        return statistics.fmean(values) if values else 0.0
-
-    timed = [key for key in steps[0] if key.startswith("time/") and key.endswith("_s")]
+def summarize(run_dir: Path) -> dict:
+    all_steps = step_records(run_dir)
     agent = sorted({key for r in all_steps for key in r if key.startswith("generate/agent/")})
     return {
         "steps": len(all_steps),
-        "stages": {k.removeprefix("time/").removesuffix("_s"): mean(k) for k in timed},
-        "agent": {k.removeprefix("generate/agent/"): mean(k, all_steps) for k in agent},
-        "reward_mean": mean("reward_mean", all_steps),
-        "response_tokens": mean("response_length_mean", all_steps),
+        "stages": stage_means(after_the_first(all_steps)),
+        "agent": {k.removeprefix("generate/agent/"): mean_of(all_steps, k) for k in agent},
+        "reward_mean": mean_of(all_steps, "reward_mean"),
+        "response_tokens": mean_of(all_steps, "response_length_mean"),
     }
 
 
@@ -197,15 +194,10 @@ def main() -> None:
         *overrides(args, model_dir, data),
     ]
     print(f"rlserve train ... ({args.steps} steps; run in {run_dir})", flush=True)
-    started = time.perf_counter()
-    memory = MemorySampler()
-    with memory.sampling():
-        completed = subprocess.run(command, capture_output=True, text=True)
-    wall_s = time.perf_counter() - started
+    completed, memory, wall_s = sampled_train(command)
     if completed.returncode != 0:
         sys.exit(f"the run failed:\n{completed.stderr[-3000:]}")
-    (run,) = [p for p in run_dir.iterdir() if p.is_dir()]
-    result = summarize(run)
+    result = summarize(run_dir)
     kinds = ", ".join(f"{kind} {pss / GIB:.2f}" for kind, pss in sorted(memory.kind_peak.items()))
     print(
         f"\n{result['steps']} steps of {args.prompts} prompts x {args.responses} responses, "

@@ -255,33 +255,50 @@ def run_case(case: Case, args, model_dir: Path, data: Path, work: Path) -> dict:
         command[4:4] = ["--config", str(placement)]
     command += overrides(case, args, model_dir, data) + args.extra_overrides
     print(f"[{case.name}] rlserve train ... ({args.steps} steps)", flush=True)
+    completed, memory, wall_s = sampled_train(command)
+    if completed.returncode != 0:
+        return {"case": case, "error": completed.stderr[-1500:], "memory": memory}
+    steps = after_the_first(step_records(run_dir))
+    return {
+        "case": case,
+        "memory": memory,
+        "stages": stage_means(steps),
+        "tokens_per_s": mean_of(steps, "tokens_per_s"),
+        "wall_s": wall_s,
+    }
+
+
+def sampled_train(command: list[str]) -> tuple[subprocess.CompletedProcess, MemorySampler, float]:
+    """Runs `command` (an `rlserve train`) under a MemorySampler: its process, the
+    memory it took, its wall seconds."""
     started = time.perf_counter()
     memory = MemorySampler()
     with memory.sampling():
         completed = subprocess.run(command, capture_output=True, text=True)
-    wall_s = time.perf_counter() - started
-    if completed.returncode != 0:
-        return {"case": case, "error": completed.stderr[-1500:], "memory": memory}
+    return completed, memory, time.perf_counter() - started
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    """The training steps' metric records of the one run under `run_dir`."""
     (run,) = [p for p in run_dir.iterdir() if p.is_dir()]
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    steps = [r for r in records if "reward_mean" in r][1:] or [
-        r for r in records if "reward_mean" in r
-    ]
+    return [r for r in records if "reward_mean" in r]
 
-    def mean(key: str) -> float:
-        values = [r[key] for r in steps if key in r]
-        return statistics.fmean(values) if values else float("nan")
 
-    # Every stage the trainer timed (time/<stage>_s), in the order it logs them.
+def after_the_first(steps: list[dict]) -> list[dict]:
+    """The steps after the first (its start-up skews it), or all if there is one."""
+    return steps[1:] or steps
+
+
+def mean_of(steps: list[dict], key: str) -> float:
+    values = [r[key] for r in steps if key in r]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def stage_means(steps: list[dict]) -> dict[str, float]:
+    """Each stage the trainer timed (time/<stage>_s), in the order it logs them: its mean."""
     timed = [key for key in steps[0] if key.startswith("time/") and key.endswith("_s")]
-    stages = {key.removeprefix("time/").removesuffix("_s"): mean(key) for key in timed}
-    return {
-        "case": case,
-        "memory": memory,
-        "stages": stages,
-        "tokens_per_s": mean("tokens_per_s"),
-        "wall_s": wall_s,
-    }
+    return {key.removeprefix("time/").removesuffix("_s"): mean_of(steps, key) for key in timed}
 
 
 # --- the same compute in one process ------------------------------------------------------
