@@ -107,7 +107,10 @@ def rl_seconds_to_gain(records: list[dict], before: float) -> float | None:
         if record.get("step", 0) == 0:
             continue
         elapsed += record.get("time/step_s", 0.0) + record.get("time/eval_s", 0.0)
-        if record.get("eval_accuracy", -1.0) >= before + GAIN_POINTS / 100:
+        # in points rounded to a thousandth: accuracies arrive as float32 fractions, and
+        # exactly +20 (e.g. 165 -> 265 of 500) must count as reached
+        gain_points = round(100 * (record.get("eval_accuracy", -1.0) - before), 3)
+        if gain_points >= GAIN_POINTS:
             return elapsed
     return None
 
