@@ -70,3 +70,18 @@ def test_the_task_config_counts_triples_for_product_plus():
     validate_config(ArithmeticTaskConfig, {"kind": "product_plus", "operand_max": 30})
     with pytest.raises(ConfigError, match="exceed the 1000 distinct operand tuples"):
         validate_config(ArithmeticTaskConfig, {"kind": "product_plus", "operand_max": 9})
+
+
+def test_the_shipped_recipe_and_its_single_turn_baseline_load():
+    """configs/embedded_agent.yaml as bench_learning runs it, with and without tools:
+    both pass every check a run makes before a cluster starts."""
+    from rlserve.core.config import load_config
+    from rlserve.core.run_config import EMBEDDED_AGENT_CONFIG_PATH, RunConfig
+
+    tools = load_config(RunConfig, EMBEDDED_AGENT_CONFIG_PATH, [])
+    baseline = load_config(RunConfig, EMBEDDED_AGENT_CONFIG_PATH, ["rollout.agent=null"])
+    assert tools.rollout.agent is not None and baseline.rollout.agent is None
+    assert tools.data.arithmetic.kind == baseline.data.arithmetic.kind == "product_plus"
+    # one generation round per step: its informative groups are what trains
+    assert tools.algorithm.dynamic_sampling and tools.algorithm.dynamic_sampling_max_rounds == 1
+    assert baseline.algorithm == tools.algorithm and baseline.actor == tools.actor
