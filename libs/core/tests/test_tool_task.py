@@ -2,10 +2,11 @@
 
 import pytest
 
-from rlserve.core.config import ConfigError, validate_config
+from rlserve.core.config import ConfigError, load_config, validate_config
 from rlserve.core.embedded import tool_task
 from rlserve.core.embedded.tokenizer import build_char_tokenizer
 from rlserve.core.inputs_config import ArithmeticTaskConfig
+from rlserve.core.run_config import EMBEDDED_AGENT_CONFIG_PATH, RunConfig
 
 
 def test_rows_are_distinct_triples_with_their_answers():
@@ -75,9 +76,6 @@ def test_the_task_config_counts_triples_for_product_plus():
 def test_the_shipped_recipe_and_its_single_turn_baseline_load():
     """configs/embedded_agent.yaml as bench_learning runs it, with and without tools:
     both pass every check a run makes before a cluster starts."""
-    from rlserve.core.config import load_config
-    from rlserve.core.run_config import EMBEDDED_AGENT_CONFIG_PATH, RunConfig
-
     tools = load_config(RunConfig, EMBEDDED_AGENT_CONFIG_PATH, [])
     baseline = load_config(RunConfig, EMBEDDED_AGENT_CONFIG_PATH, ["rollout.agent=null"])
     assert tools.rollout.agent is not None and baseline.rollout.agent is None
