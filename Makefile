@@ -24,9 +24,11 @@ lint: $(STAMP)
 
 # Three pytest sessions: the multi-node placement tests start their own simulated cluster
 # (one process can hold only one Ray), and the two-node tests a real one in network
-# namespaces (root only), driven from outside.
+# namespaces (root only), driven from outside. The GPU smoke's phases run first on the CPU
+# (its Serve phase starts a Ray cluster, which must not meet the test session's).
 test: lint
 	bash tools/setup_phoenix.sh
+	$(BIN)/python tools/gpu_smoke.py --cpu --out runs/gpu-smoke
 	$(BIN)/python -m pytest
 	RLSERVE_MULTINODE_TESTS=1 $(BIN)/python -m pytest integration_tests/multinode
 	RLSERVE_NETNS_TESTS=1 $(BIN)/python -m pytest integration_tests/netns

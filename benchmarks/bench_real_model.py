@@ -458,6 +458,9 @@ def main() -> None:
         f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
     )
     report(results, compute, fixed)
+    failed = [result["case"].name for result in results if "error" in result]
+    if failed:
+        sys.exit(f"bench_real_model: {', '.join(failed)} failed (output above)")
 
 
 if __name__ == "__main__":

@@ -37,11 +37,12 @@ SERVICE_CONFIGS = {
     "reference": ReferenceServiceConfig,
     "reward": RewardServiceConfig,
 }
-# Set only under a condition; each has its own test below.
+# Set only under a condition; each has its own test (gpus_per_worker: once the cluster's
+# GPUs are known, services/trainer/tests/test_deploy_args.py).
 CONDITIONAL = {
-    "rollout": {"serve_reference", "stage_threads"},
-    "critic": {"stage_threads"},
-    "reference": {"stage_threads"},
+    "rollout": {"serve_reference", "stage_threads", "gpus_per_worker"},
+    "critic": {"stage_threads", "gpus_per_worker"},
+    "reference": {"stage_threads", "gpus_per_worker"},
 }
 # Each worker service's settings: (the class its config subclasses, the run section).
 SETTINGS = {

@@ -50,6 +50,30 @@ def test_backend_and_accelerator_follow_the_device(device, backend, accelerator)
     assert deepspeed_accelerator(device) == accelerator
 
 
-def test_worker_gpus_without_a_placement_bundle():
-    assert worker_gpus("cpu") == 0.0
-    assert worker_gpus("cuda") == 1.0
+@pytest.mark.parametrize(
+    ("setting", "cluster_gpus", "gpu_workers", "expected"),
+    [
+        ("cpu", 8, 3, 0.0),
+        ("auto", 0, 3, 0.0),
+        ("auto", 4, 3, 1.0),
+        ("cuda", 3, 3, 1.0),
+        # one GPU, rollout + critic + reference: a third each, not one each in turn
+        ("auto", 1, 3, 0.3333),
+        ("cuda", 2, 3, 0.5),
+    ],
+)
+def test_worker_gpus_without_a_placement_bundle(setting, cluster_gpus, gpu_workers, expected):
+    assert worker_gpus(setting, cluster_gpus, gpu_workers) == expected
+
+
+@pytest.mark.parametrize(("cluster_gpus", "gpu_workers"), [(1, 2), (1, 3), (2, 3), (3, 7)])
+def test_shared_gpus_hold_every_worker(cluster_gpus, gpu_workers):
+    share = worker_gpus("cuda", cluster_gpus, gpu_workers)
+    per_gpu = int(1 / share + 1e-9)
+    assert per_gpu * share <= 1  # Ray fits that many shares on one GPU
+    assert per_gpu * cluster_gpus >= gpu_workers
+
+
+def test_cuda_on_a_cluster_without_gpus_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"device: 'cuda' but the cluster has no GPU.*auto or cpu"):
+        worker_gpus("cuda", 0, 1)

@@ -23,9 +23,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_to_proto
+from rlserve.core.process_group import init_process_group, node_ip, open_rendezvous
 from rlserve.core.rpc import RetryPolicy, ServiceClient
 from rlserve.core.serving import RpcError, invalid_argument, rpc_method
-from rlserve.core.workers import WorkerGroup, distributed_address, init_process_group
+from rlserve.core.workers import WorkerGroup
 from rlserve.v1 import reward_pb2, reward_pb2_grpc
 
 
@@ -169,12 +170,14 @@ class TracedWorker:
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
+        self.rendezvous = None
 
     def node_address(self):
-        return distributed_address()
+        self.rendezvous = open_rendezvous()
+        return node_ip(), self.rendezvous.port
 
     def init_distributed(self, address, port):
-        init_process_group(self.rank, self.world_size, address, port)
+        init_process_group(self.rank, self.world_size, address, port, store=self.rendezvous)
 
     def double(self, batch: Batch) -> Batch:
         with tracing.span("probe.compute", batch_size=len(batch)):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlserve.core.cluster import free_port
+from rlserve.core.process_group import init_process_group
 from rlserve.core.training import (
     OptimizerSettings,
     build_training_engine,
@@ -15,7 +15,6 @@ from rlserve.core.training import (
     minibatch_indices,
     save_training_checkpoint,
 )
-from rlserve.core.workers import init_process_group
 
 
 def test_minibatch_indices_cover_every_row_once_per_epoch():
@@ -48,7 +47,7 @@ def _optimizer(zero_stage: int, grad_accum_steps: int = 1) -> OptimizerSettings:
 
 @pytest.fixture(scope="module")
 def process_group():
-    init_process_group(0, 1, "127.0.0.1", free_port())
+    init_process_group(0, 1, "127.0.0.1", 0)
 
 
 def test_engine_trains_and_checkpoint_restores(process_group, tiny_model_dir, tmp_path):
@@ -141,3 +140,35 @@ def test_weights_only_loading_reads_every_stage_checkpoint(
     state_file.write_bytes(state_file.read_bytes()[:100])  # a truncated (corrupt) file
     with pytest.raises(UnsafeCheckpointError, match="refused by weights-only loading"):
         check_training_checkpoint(tmp_path, rank=0)
+
+
+def _one_update(model_dir, dtype: str, reduce_at_one_rank: bool) -> tuple[dict, bool]:
+    """Weights after one ZeRO-0 step on a fixed batch, and whether the engine reduced."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    engine = build_training_engine(model, _optimizer(zero_stage=0), dtype)
+    if reduce_at_one_rank:
+        engine.enable_backward_allreduce = True
+    ids = torch.arange(4, 16).reshape(2, 6)
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    return full_state_dict(engine), engine.enable_backward_allreduce
+
+
+def test_skipping_the_one_rank_reduction_in_float32_changes_no_weight(
+    process_group, tiny_model_dir
+):
+    skipped, reduces = _one_update(tiny_model_dir, "float32", reduce_at_one_rank=False)
+    assert not reduces
+    reduced, _ = _one_update(tiny_model_dir, "float32", reduce_at_one_rank=True)
+    assert all(torch.equal(skipped[name], reduced[name]) for name in skipped)
+
+
+def test_bf16_keeps_its_reduction_at_one_rank(process_group, tiny_model_dir):
+    """bf16 reduces in bf16, rounding the gradients: no no-op, so one rank (a one-GPU
+    run) takes the same reduction path as several, here over gloo."""
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    after, reduces = _one_update(tiny_model_dir, "bfloat16", reduce_at_one_rank=False)
+    assert reduces
+    assert all(torch.isfinite(weight.float()).all() for weight in after.values())
+    assert any(not torch.equal(before.state_dict()[name], after[name]) for name in after)

@@ -20,7 +20,7 @@ def test_defaults_fit_a_shared_cpu_box_and_a_shared_gpu():
         "kv_cache_gib": 1.0,
         "gpu_memory_utilization": 0.5,
         "max_model_len": None,
-        "enforce_eager": True,
+        "enforce_eager": None,
         "sleep_while_training": False,
     }
 
@@ -66,6 +66,28 @@ def test_max_model_len_must_hold_prompt_and_response_for_vllm():
     assert load(*overrides, "rollout.engine=vllm", "rollout.vllm.max_model_len=80")
     # Not checked when vLLM is not the engine (the section is unused then).
     assert load(*overrides, "rollout.engine=hf", "rollout.vllm.max_model_len=79")
+
+
+def test_gpu_memory_utilization_must_leave_room_on_the_rollout_gpu_share():
+    """Issue 30, defect 5: vLLM starts only when its fraction of the GPU is free, and the
+    actor's training copy is already there (same process); placed on half a GPU, a
+    fraction of 0.5 cannot start. Refused before any cluster starts, naming the field."""
+    half_gpu = [
+        "rollout.engine=vllm",
+        "placement.pools={gpu: {}}",
+        "placement.roles={rollout: {pool: gpu, worker_resources: {CPU: 1, GPU: 0.5}}}",
+    ]
+    with pytest.raises(ConfigError, match=r"0\.5 leaves no room .* set it below 0\.5") as error:
+        load(*half_gpu, "rollout.vllm.gpu_memory_utilization=0.5")
+    assert error.value.paths == ("rollout.vllm.gpu_memory_utilization",)
+    assert load(*half_gpu, "rollout.vllm.gpu_memory_utilization=0.25")
+    # A whole GPU per worker (no placement): everything but the training copy's room.
+    with pytest.raises(ConfigError, match=r"1 leaves no room .*a whole GPU"):
+        load("rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=1")
+    assert load("rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.9")
+    # Not on CPU workers, nor when vLLM is not the engine.
+    assert load(*half_gpu, "rollout.vllm.gpu_memory_utilization=0.5", "actor.device=cpu")
+    assert load(*half_gpu[1:], "rollout.engine=hf", "rollout.vllm.gpu_memory_utilization=0.5")
 
 
 def test_model_dump_validates_back_to_the_same_section():

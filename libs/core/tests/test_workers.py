@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from rlserve.core.batch import Batch
+from rlserve.core.process_group import init_process_group, node_ip, open_rendezvous
 from rlserve.core.workers import (
+    ALLOCATOR_ENV,
     KEEP_FREED_PAGES,
     WorkerGroup,
     _host_class,
-    distributed_address,
-    init_process_group,
     resolve_factory,
+    unscheduled_message,
     worker_env_vars,
 )
 
@@ -26,12 +27,14 @@ class RankWorker:
 
     def __init__(self, rank: int, world_size: int, offset: int):
         self.rank, self.world_size, self.offset = rank, world_size, offset
+        self.rendezvous = None
 
     def node_address(self):
-        return distributed_address()
+        self.rendezvous = open_rendezvous()
+        return node_ip(), self.rendezvous.port
 
     def init_distributed(self, address, port):
-        init_process_group(self.rank, self.world_size, address, port)
+        init_process_group(self.rank, self.world_size, address, port, store=self.rendezvous)
 
     def tag(self, batch: Batch) -> Batch:
         rows = batch["x"] + self.offset
@@ -156,8 +159,20 @@ def test_a_call_whose_worker_dies_fails_at_once_unavailable_and_the_group_report
 
 
 def test_unschedulable_workers_fail_fast_naming_the_shortfall(serve_cluster):
-    with pytest.raises(RuntimeError, match=r"needing 1000 CPU each were not scheduled within 2 s"):
+    with pytest.raises(RuntimeError, match=r"were not scheduled within 2 s; short of CPU: 1000"):
         WorkerGroup(RankWorker, 1, {"offset": 0}, num_cpus_per_worker=1000, schedule_timeout_s=2)
+
+
+def test_workers_short_of_a_gpu_are_told_about_gpus_not_cpus():
+    message = unscheduled_message(
+        "1 CriticWorker workers",
+        {"CPU": 1, "GPU": 1},
+        free={"CPU": 3, "GPU": 0},
+        total={"CPU": 4, "GPU": 1},
+        timeout_s=120,
+    )
+    assert "short of GPU: 1 each, 0 free of 1 (share GPUs" in message
+    assert "CPU" not in message.split("short of")[1].split("{")[0]
 
 
 def test_worker_processes_run_with_jemalloc_and_the_job_environment(group):
@@ -167,21 +182,31 @@ def test_worker_processes_run_with_jemalloc_and_the_job_environment(group):
     assert {fact["auth_mode"] for fact in facts} == {"disabled"}
 
 
+def test_cpu_workers_get_jemalloc_and_no_gpu_gpu_workers_the_system_allocator(monkeypatch):
+    monkeypatch.delenv(ALLOCATOR_ENV, raising=False)
+    cpu = worker_env_vars(gpus=0)
+    # Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for num_gpus=0: the worker must hide it
+    assert cpu["CUDA_VISIBLE_DEVICES"] == ""
+    assert "libjemalloc.so" in cpu["LD_PRELOAD"]
+    for share in (1.0, 0.5):
+        assert worker_env_vars(gpus=share, keep_freed_pages=True) == {}
+
+
 def test_only_workers_asked_to_keep_freed_pages_turn_purging_off(monkeypatch):
     monkeypatch.delenv("MALLOC_CONF", raising=False)
-    assert "MALLOC_CONF" not in worker_env_vars()
-    assert worker_env_vars(keep_freed_pages=True)["MALLOC_CONF"] == KEEP_FREED_PAGES
+    assert "MALLOC_CONF" not in worker_env_vars(gpus=0)
+    assert worker_env_vars(gpus=0, keep_freed_pages=True)["MALLOC_CONF"] == KEEP_FREED_PAGES
     # the job's own jemalloc options win (the runtime_env adds to the job's environment)
     monkeypatch.setenv("MALLOC_CONF", "narenas:1")
-    assert "MALLOC_CONF" not in worker_env_vars(keep_freed_pages=True)
+    assert "MALLOC_CONF" not in worker_env_vars(gpus=0, keep_freed_pages=True)
 
 
 def test_system_allocator_on_request(monkeypatch):
-    monkeypatch.setenv("RLSERVE_WORKER_ALLOCATOR", "system")
-    assert worker_env_vars() == {}
-    monkeypatch.setenv("RLSERVE_WORKER_ALLOCATOR", "tcmalloc")
+    monkeypatch.setenv(ALLOCATOR_ENV, "system")
+    assert worker_env_vars(gpus=0) == {"CUDA_VISIBLE_DEVICES": ""}
+    monkeypatch.setenv(ALLOCATOR_ENV, "tcmalloc")
     with pytest.raises(ValueError, match="RLSERVE_WORKER_ALLOCATOR"):
-        worker_env_vars()
+        worker_env_vars(gpus=1)
 
 
 def test_import_paths_name_a_module_and_attribute():

@@ -45,6 +45,17 @@ def test_micro_batch_size_does_not_change_scores(tiny_reward_model_dir, encode):
     torch.testing.assert_close(one, all_at_once, atol=1e-5, rtol=1e-5)
 
 
+def test_auto_dtype_loads_float32_on_the_cpu(tiny_reward_model_dir, encode):
+    # 'auto' is the settings' default; the replica's CPU gets exactly the float32 model.
+    input_ids, attention_mask = encode(build_char_tokenizer(), PROMPTS, RESPONSES)
+    auto = RewardModel(tiny_reward_model_dir, "auto", 16)
+    assert auto.model.dtype == torch.float32
+    explicit = RewardModel(tiny_reward_model_dir, "float32", 16)
+    assert torch.equal(
+        auto.score(input_ids, attention_mask), explicit.score(input_ids, attention_mask)
+    )
+
+
 def test_two_labels_are_rejected(tmp_path):
     from transformers import LlamaForSequenceClassification
 

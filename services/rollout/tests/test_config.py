@@ -46,3 +46,11 @@ def test_app_builder_validates_before_deploying():
     with pytest.raises(ConfigError) as error:
         build_app({"workers": 1})
     assert error.value.paths == ("model_path",)
+
+
+def test_ranks_on_shares_of_a_gpu_are_refused_naming_workers():
+    with pytest.raises(ConfigError, match=r"workers.*NCCL refuses.*workers: 1"):
+        validate_config(
+            RolloutServiceConfig, {"model_path": "/m", "workers": 2, "gpus_per_worker": 0.5}
+        )
+    assert RolloutServiceConfig(model_path="/m", workers=1, gpus_per_worker=0.5).workers == 1

@@ -12,9 +12,9 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.cluster import free_port
+from rlserve.core.process_group import init_process_group
 from rlserve.core.serving import Deadline, RpcError
 from rlserve.core.training import weights_only_load
-from rlserve.core.workers import init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.controller import (
     RolloutController,
@@ -615,7 +615,7 @@ def test_lora_refuses_zero_stage_3(tiny_model_dir):
 class CallRecorder:
     """Wraps a generation engine and records the calls the worker makes on it."""
 
-    RECORDED = ("sleep", "wake_up", "load_weights", "generate")
+    RECORDED = ("sleep", "wake_weights", "wake_up", "load_weights", "generate")
 
     def __init__(self, engine):
         self.engine, self.calls = engine, []
@@ -634,8 +634,8 @@ class CallRecorder:
 
 def test_update_sleeps_the_generation_engine_and_wakes_it_for_the_sync(service, monkeypatch):
     """vllm.sleep_while_training's protocol (no-ops for 'hf'): sleep before training,
-    wake before the weight sync, and wake before generating (an update that failed
-    half-way leaves the engine asleep)."""
+    wake the weights for the weight sync and the rest after it, and wake before
+    generating (an update that failed half-way leaves the engine asleep)."""
     recorder = CallRecorder(service.worker.generation)
     monkeypatch.setattr(service.worker, "generation", recorder)
     batch = service.update_batch()
@@ -644,7 +644,7 @@ def test_update_sleeps_the_generation_engine_and_wakes_it_for_the_sync(service, 
     step, version = service.controller.last_applied_step + 1, service.controller.weights_version
     service.update_actor(step, version, batch)
     # The hf engine generates with the training module itself: nothing to load.
-    assert recorder.calls == ["sleep", "wake_up"]
+    assert recorder.calls == ["sleep", "wake_weights", "wake_up"]
 
 
 def test_hf_generation_shares_the_training_module_only_where_it_holds_plain_weights(

@@ -8,6 +8,7 @@ from dataclasses import replace
 import grpc
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from rlserve.core.modeling import load_causal_lm, log_probs_from_logits, response_logits
 from rlserve.core.serving import RpcError
@@ -70,6 +71,49 @@ def test_log_probs_equal_a_full_forward_pass(engine, tiny_model_dir):
         logits = response_logits(model, ids, torch.ones_like(ids), len(response), 0.7)
         expected = log_probs_from_logits(logits, torch.tensor([response]))[0]
         torch.testing.assert_close(torch.tensor(log_probs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [GREEDY, replace(SAMPLED, temperature=0.7, top_k=5, top_p=0.9, ignore_eos=True)],
+    ids=["greedy", "truncated"],
+)
+def test_step_by_step_log_probs_equal_the_stacked_logits(engine, sampling):
+    """Issue 30 defect 7: the engine kept every step's fp32 logits, [rows, steps, vocab],
+    to read the sampled tokens' log-probs. Taken step by step now, they are the same
+    numbers as the stacked logits transformers returns (output_logits), for the same
+    tokens, and asking for them does not change what is sampled."""
+    for prompt in PROMPTS:
+        out = engine.generate([prompt], sampling)
+        greedy = sampling.temperature == 0
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_k=None if greedy else sampling.top_k,
+            top_p=None if greedy else sampling.top_p,
+            eos_token_id=None if sampling.ignore_eos else sorted(engine.eos_token_ids),
+            pad_token_id=engine.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        ids = torch.tensor([prompt] * sampling.responses_per_prompt)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sampling.seed or 0)
+            reference = engine.model.generate(input_ids=ids, generation_config=config)
+        tokens = reference.sequences[:, len(prompt) :]
+        temperature = 1.0 if greedy else sampling.temperature
+        stacked = torch.stack(reference.logits, dim=1).float() / temperature
+        expected = torch.log_softmax(stacked, dim=-1).gather(-1, tokens.unsqueeze(-1))[..., 0]
+        for row, (response, log_probs) in enumerate(
+            zip(out.response_ids, out.log_probs, strict=True)
+        ):
+            assert response == tokens[row, : len(response)].tolist()
+            torch.testing.assert_close(
+                torch.tensor(log_probs), expected[row, : len(response)], atol=1e-6, rtol=0
+            )
+        unscored = engine.generate([prompt], replace(sampling, return_log_probs=False))
+        assert unscored.response_ids == out.response_ids
 
 
 def test_stops_at_eos_and_ignore_eos_keeps_going(engine, tiny_model_dir, tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from rlserve.core.batch import Batch
 from rlserve.core.cluster import free_port
-from rlserve.core.workers import init_process_group
+from rlserve.core.process_group import init_process_group
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import SamplingSettings
 from rlserve.rollout.worker import ActorWorker, actor_worker_kwargs

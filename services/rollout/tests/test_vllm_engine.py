@@ -21,6 +21,7 @@ import grpc
 import pytest
 import torch
 
+import rlserve.rollout.vllm_engine as vllm_engine
 from rlserve.core.embedded.model import build_tiny_llama, save_model
 from rlserve.core.embedded.task import addition_rows
 from rlserve.core.embedded.tokenizer import save_char_tokenizer
@@ -94,7 +95,7 @@ def built(model_dir) -> dict:
     expected_draw = torch.rand(3)
     torch.manual_seed(5)
     engine = VLLMGenerationEngine(
-        str(model_dir), "float32", seed=0, kv_cache_gib=KV_CACHE_GIB, max_model_len=MAX_MODEL_LEN
+        str(model_dir), "auto", seed=0, kv_cache_gib=KV_CACHE_GIB, max_model_len=MAX_MODEL_LEN
     )
     return {
         "engine": engine,
@@ -339,6 +340,9 @@ def test_settings_reach_vllm(engine):
     assert config.model_config.max_model_len == engine.max_model_len == MAX_MODEL_LEN
     assert config.model_config.enforce_eager is True
     assert config.model_config.enable_sleep_mode is False
+    # rlserve's 'auto' (float32 on the CPU platform), not vLLM's own, which would cast
+    # this float32 checkpoint to 16 bits; the hf comparisons here need float32.
+    assert config.model_config.dtype == torch.float32
 
 
 def test_engine_keywords_are_the_config_fields():
@@ -370,6 +374,24 @@ def test_construction_keeps_rngs_and_threads(built):
     assert after == before
     # vLLM swaps torch.set_num_threads for a no-op while it builds; the real one is back.
     assert built["set_num_threads_kept"]
+
+
+def test_construction_keeps_the_cuda_rngs_once_cuda_is_initialised(monkeypatch):
+    """Issue 30, defect 8: vLLM reseeds the CUDA generators too. No GPU here, so torch's
+    CUDA RNG functions are replaced: the states read before are the ones set back after."""
+    saved = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
+    restored: list = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    with vllm_engine._process_state_kept():
+        assert not restored
+    assert restored == [saved]
+    # CUDA never initialised: nothing is read (reading would initialise it) or set.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    with vllm_engine._process_state_kept():
+        pass
+    assert restored == [saved]
 
 
 def test_a_second_engine_in_the_process_is_refused(engine, model_dir):

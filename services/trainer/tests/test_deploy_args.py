@@ -9,7 +9,7 @@ import pytest
 from rlserve.core.config import ConfigError, validate_config
 from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES
 from rlserve.core.run_config import RunConfig
-from rlserve.trainer.deploy import service_args
+from rlserve.trainer.deploy import service_args, share_gpus
 from rlserve.trainer.service_ops import scaled_app
 
 GPU = {"CPU": 2, "GPU": 1}
@@ -342,3 +342,52 @@ def test_a_run_on_a_cluster_without_a_token_stops_before_joining_it(monkeypatch,
     )
     with pytest.raises(auth.AuthConfigError, match=r"trainer\.service_auth=none"):
         start_ray(config, tmp_path)  # refused before it tries to reach the address
+
+
+def test_actor_ranks_on_shares_of_a_gpu_are_refused_naming_actor_workers():
+    placement = {
+        "pools": {"gpu": {}},
+        "roles": {"rollout": {"pool": "gpu", "worker_resources": {"CPU": 1, "GPU": 0.5}}},
+    }
+    with pytest.raises(ConfigError) as error:
+        _config(**placement)
+    assert any(
+        path == "actor.workers" and "NCCL" in message and "actor.workers: 1" in message
+        for path, message in error.value.issues
+    ), error.value.issues
+
+
+def _one_rank_each(**more) -> dict:
+    config = validate_config(
+        RunConfig,
+        {
+            "actor": {"workers": 1},
+            "critic": {"workers": 1},
+            "algorithm": {"kl_ctrl": {"kl_coef": 0.02}},
+        }
+        | more,
+    )
+    return service_args(config, "/m")
+
+
+def test_one_gpu_is_shared_by_every_unplaced_worker():
+    apps = _one_rank_each()
+    share_gpus(apps, cluster_gpus=1)
+    assert {role: apps[role]["gpus_per_worker"] for role in ("rollout", "critic", "reference")} == {
+        "rollout": 0.3333,
+        "critic": 0.3333,
+        "reference": 0.3333,
+    }
+    apps = _one_rank_each(critic={"workers": 1, "device": "cpu"})
+    share_gpus(apps, cluster_gpus=2)
+    assert apps["rollout"]["gpus_per_worker"] == apps["reference"]["gpus_per_worker"] == 1.0
+    assert "gpus_per_worker" not in apps["critic"]  # a CPU worker reserves none anyway
+
+
+def test_training_ranks_that_would_share_a_gpu_are_refused_before_any_service_starts():
+    apps = service_args(_config(), "/m")  # actor.workers 2
+    with pytest.raises(ConfigError) as error:
+        share_gpus(apps, cluster_gpus=1)
+    assert error.value.issues[0][0] == "actor.workers"
+    with pytest.raises(ConfigError, match=r"actor\.device"):
+        share_gpus(_one_rank_each(actor={"workers": 1, "device": "cuda"}), cluster_gpus=0)

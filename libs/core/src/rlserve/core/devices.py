@@ -1,14 +1,19 @@
 """Which device a worker computes on, and the process-group backend that goes with it.
 
 A worker role's `device` setting is "auto", "cpu" or "cuda". A CUDA worker sees exactly
-the GPU of its bundle (Ray sets CUDA_VISIBLE_DEVICES for an actor that asks for
-`GPU: 1`), so its device is always `cuda:0`; CUDA ranks talk over NCCL, CPU ranks over
-gloo. Models and batches live on the worker's device; tensors cross to the CPU only at
-the service boundary (requests in, results out), where the codec works on host memory.
+the GPU of its bundle (Ray sets CUDA_VISIBLE_DEVICES for an actor that asks for a GPU or
+a fraction of one), so its device is always `cuda:0`; CUDA ranks talk over NCCL, CPU
+ranks over gloo. A worker that reserves no GPU sees none either: since Ray 2.60 an actor
+with num_gpus=0 keeps the node's CUDA_VISIBLE_DEVICES, so WorkerGroup empties it in such
+a worker's environment (rlserve.core.workers.worker_env_vars), and "auto" there is the
+CPU rather than a GPU that another worker reserved. Models and batches live on the
+worker's device; tensors cross to the CPU only at the service boundary (requests in,
+results out), where the codec works on host memory.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Literal
 
@@ -56,14 +61,27 @@ def deepspeed_accelerator(device: torch.device) -> str:
     return "cuda" if device.type == "cuda" else "cpu"
 
 
-def worker_gpus(setting: str) -> float:
-    """GPUs a worker asks Ray for when no placement bundle sets its resources: one for
-    'cuda', one for 'auto' on a cluster that has GPUs, else none. (With a placement
-    bundle the bundle decides: `{GPU: 1}`, or a fraction to share one GPU.)"""
-    if setting == "cpu":
-        return 0.0
-    if setting == "cuda":
-        return 1.0
-    import ray
+RAY_UNITS_PER_RESOURCE = 10_000
+"""Ray counts a resource in fixed-point units of 1/10,000."""
 
-    return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+def worker_gpus(setting: str, cluster_gpus: float, gpu_workers: int) -> float:
+    """GPUs one worker reserves when no placement bundle sets its resources.
+
+    `cluster_gpus`: the GPUs of the cluster; `gpu_workers`: the workers that reserve
+    GPUs this way (every unplaced non-CPU worker of the run, all services together).
+    None for 'cpu', nor for 'auto' on a cluster without GPUs; a whole GPU each when
+    there are enough; else an equal share, 1/k of a GPU with k = ceil(gpu_workers /
+    cluster_gpus) workers to a GPU (rounded down to Ray's unit, so k shares fit in one).
+    """
+    if setting == "cpu" or (setting == "auto" and cluster_gpus < 1):
+        return 0.0
+    if cluster_gpus < 1:
+        raise ValueError(
+            "device: 'cuda' but the cluster has no GPU; start Ray on a node with one "
+            "(ray start --num-gpus=N) or set the role's device to auto or cpu"
+        )
+    if gpu_workers <= cluster_gpus:
+        return 1.0
+    workers_per_gpu = math.ceil(gpu_workers / math.floor(cluster_gpus))
+    return (RAY_UNITS_PER_RESOURCE // workers_per_gpu) / RAY_UNITS_PER_RESOURCE

@@ -27,8 +27,10 @@ __all__ = [
     "model_weight_bytes",
 ]
 
-Dtype = Literal["float32", "bfloat16", "float16"]
-"""Parameter dtypes a policy (and the services' copies of it) may be loaded in."""
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+"""Parameter dtypes a policy (and the services' copies of it) may be loaded in; each
+worker resolves "auto" for its own device (rlserve.core.modeling.resolve_dtype):
+bfloat16 on a GPU with native bf16, else float32."""
 
 _DATA_FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
 
@@ -104,8 +106,10 @@ class ModelConfig(ConfigModel):
 
     path: str | None = None
     """Local Hugging Face model directory; None builds the embedded tiny model."""
-    dtype: Dtype = "float32"
-    """Dtype of weights and compute."""
+    dtype: Dtype = "auto"
+    """Dtype of weights and compute: 'auto' is bfloat16 on a GPU with native bf16
+    (Ampere and later) and float32 elsewhere, CPUs included; float32 on a GPU runs
+    matmuls in TF32."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     """The embedded tiny model; ignored when path is set."""
 

@@ -13,6 +13,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(setting: str, device: torch.device) -> str:
+    """The dtype name (a key of DTYPES) a model on `device` is loaded in for a dtype
+    setting: "auto" or one of DTYPES, which is kept as it is.
+
+    "auto" is bfloat16 on a GPU with native bf16 (compute capability 8.0 and later;
+    FlashAttention has no float32 kernels), else float32. Not float16
+    on older GPUs: float16 training needs loss scaling, and each overflow it meets skips
+    an optimizer step, silently dropping a PPO update; set float16 to accept that.
+    """
+    if setting != "auto":
+        if setting not in DTYPES:
+            raise ValueError(f"dtype: {setting!r} is not one of {['auto', *sorted(DTYPES)]}")
+        return setting
+    # Without emulation: older GPUs run bf16 only through slow float32 emulation.
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bfloat16"
+    return "float32"
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Left padding (prompts end where generation starts); pad falls back to EOS."""
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import ray
-from pydantic import Field, field_validator
 from ray.util.placement_group import (
     PlacementGroup,
     get_placement_group,
@@ -29,9 +28,7 @@ from ray.util.placement_group import (
     remove_placement_group,
 )
 
-from rlserve.core.config import ConfigError, ConfigModel
-
-Strategy = Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"]
+from rlserve.core.placement_config import PlacementStrategy, WorkerPlacementConfig
 
 # Ray's per-node bookkeeping resources ("node:10.0.0.1", "memory", ...) say nothing
 # about what a pool offers and would only clutter error messages.
@@ -40,48 +37,6 @@ _HIDDEN_RESOURCES = ("node:", "memory", "object_store_memory")
 
 class PlacementError(RuntimeError):
     """A placement group cannot be placed; the message names the pool and the shortfall."""
-
-
-class WorkerPlacementConfig(ConfigModel):
-    """The placement group a service's workers go into: worker i takes bundle
-    `bundle_offset + i`. The service creates the group if it does not exist yet."""
-
-    group_name: str = Field(min_length=1)
-    """Name of the placement group (shared by the services of one pool)."""
-    pool: str = ""
-    """Name of the resource pool, for messages."""
-    bundles: list[dict[str, float]] = Field(min_length=1)
-    """Every bundle of the group, in order (all services sharing it list the same)."""
-    bundle_offset: int = Field(0, ge=0)
-    """Index of this service's first bundle."""
-    strategy: Strategy = "PACK"
-    """How Ray places the bundles over the pool's nodes."""
-    label_selector: dict[str, str] = Field(default_factory=dict)
-    """Ray node labels every bundle's node must carry (the pool's nodes)."""
-    timeout_s: float = Field(60.0, gt=0)
-    """Longest wait for resources held by other work before giving up."""
-
-    @field_validator("bundles")
-    @classmethod
-    def _bundles_ask_for_something(cls, bundles: list[dict[str, float]]) -> list:
-        for index, bundle in enumerate(bundles):
-            if not any(amount > 0 for amount in bundle.values()):
-                raise ValueError(f"bundle {index} asks for nothing; give it e.g. {{CPU: 1}}")
-            negative = {name: amount for name, amount in bundle.items() if amount < 0}
-            if negative:
-                raise ValueError(f"bundle {index} has negative amounts {negative}")
-        return bundles
-
-    def require_room_for(self, workers: int, field: str = "workers") -> None:
-        """ConfigError unless the group has a bundle for every worker."""
-        room = len(self.bundles) - self.bundle_offset
-        if room < workers:
-            raise ConfigError(
-                field,
-                f"{workers} workers need {workers} bundles from placement.bundle_offset "
-                f"{self.bundle_offset}, but placement group {self.group_name!r} has "
-                f"{len(self.bundles)} bundles; add bundles or lower {field}",
-            )
 
 
 def actor_resource_options(bundle: Mapping[str, float]) -> dict[str, Any]:
@@ -146,7 +101,7 @@ def _total(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:
 def check_feasible(
     pool: str,
     bundles: Sequence[Mapping[str, float]],
-    strategy: Strategy,
+    strategy: PlacementStrategy,
     label_selector: Mapping[str, str],
     nodes: Sequence[dict[str, Any]],
 ) -> None:

@@ -20,10 +20,18 @@ __all__ = [
     "PlacementStrategy",
     "ResourcePoolConfig",
     "RolePlacementConfig",
+    "WorkerPlacementConfig",
+    "shares_a_gpu",
 ]
 
 PlacedRole = Literal["rollout", "critic", "reference", "reward"]
 PlacementStrategy = Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"]
+
+
+def shares_a_gpu(resources: dict[str, float]) -> bool:
+    """Whether a bundle gives its worker part of a GPU: NCCL refuses two ranks of one
+    group on one GPU, and Ray may pack two such bundles onto the same GPU."""
+    return 0 < resources.get("GPU", 0) < 1
 
 
 class ResourcePoolConfig(ConfigModel):
@@ -124,3 +132,45 @@ class PlacementConfig(ConfigModel):
             for role in ("rollout", "critic", "reference")
             if role in self.roles and self.roles[role].pool == pool
         ]
+
+
+class WorkerPlacementConfig(ConfigModel):
+    """The placement group a service's workers go into: worker i takes bundle
+    `bundle_offset + i`. The service creates the group if it does not exist yet."""
+
+    group_name: str = Field(min_length=1)
+    """Name of the placement group (shared by the services of one pool)."""
+    pool: str = ""
+    """Name of the resource pool, for messages."""
+    bundles: list[dict[str, float]] = Field(min_length=1)
+    """Every bundle of the group, in order (all services sharing it list the same)."""
+    bundle_offset: int = Field(0, ge=0)
+    """Index of this service's first bundle."""
+    strategy: PlacementStrategy = "PACK"
+    """How Ray places the bundles over the pool's nodes."""
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels every bundle's node must carry (the pool's nodes)."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest wait for resources held by other work before giving up."""
+
+    @field_validator("bundles")
+    @classmethod
+    def _bundles_ask_for_something(cls, bundles: list[dict[str, float]]) -> list:
+        for index, bundle in enumerate(bundles):
+            if not any(amount > 0 for amount in bundle.values()):
+                raise ValueError(f"bundle {index} asks for nothing; give it e.g. {{CPU: 1}}")
+            negative = {name: amount for name, amount in bundle.items() if amount < 0}
+            if negative:
+                raise ValueError(f"bundle {index} has negative amounts {negative}")
+        return bundles
+
+    def require_room_for(self, workers: int, field: str = "workers") -> None:
+        """ConfigError unless the group has a bundle for every worker."""
+        room = len(self.bundles) - self.bundle_offset
+        if room < workers:
+            raise ConfigError(
+                field,
+                f"{workers} workers need {workers} bundles from placement.bundle_offset "
+                f"{self.bundle_offset}, but placement group {self.group_name!r} has "
+                f"{len(self.bundles)} bundles; add bundles or lower {field}",
+            )

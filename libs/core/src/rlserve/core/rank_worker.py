@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 
 from rlserve.core.devices import resolve_device
+from rlserve.core.modeling import resolve_dtype
+from rlserve.core.process_group import init_process_group, node_ip, open_rendezvous
 from rlserve.core.service_config import WorkerDeployment
 from rlserve.core.training import (
     DEEPSPEED_SUBDIR,
@@ -33,7 +36,6 @@ from rlserve.core.training import (
     load_training_checkpoint,
     save_training_checkpoint,
 )
-from rlserve.core.workers import distributed_address, init_process_group
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class RankSetup:
 
     model_path: str
     """Hugging Face model directory the rank loads."""
-    dtype: str = "float32"
+    dtype: str = "auto"
+    """'auto' or a name in rlserve.core.modeling.DTYPES (resolve_dtype, for the rank's
+    device)."""
     device: str = "auto"
     """'cuda', 'cpu' or 'auto' (rlserve.core.devices.resolve_device)."""
     num_threads: int = 1
@@ -74,9 +78,15 @@ class RankWorker:
         torch.set_num_threads(setup.num_threads)
         self.stage_threads = setup.stage_threads
         self.rank, self.world_size = rank, world_size
-        self.model_path, self.dtype = setup.model_path, setup.dtype
+        self.model_path = setup.model_path
         self.device = resolve_device(setup.device)
+        self.dtype = resolve_dtype(setup.dtype, self.device)
+        if self.device.type == "cuda" and self.dtype == "float32":
+            # TF32 tensor cores: float32 matmuls ≈ 8x faster on Ampere and later, inputs
+            # rounded to a 10-bit mantissa, sums kept in float32 (no effect on older GPUs).
+            torch.set_float32_matmul_precision("high")
         self.forward_max_tokens = setup.forward_max_tokens
+        self._rendezvous: Any = None  # rank 0's store, from node_address to init_distributed
 
     def use_threads(self, stage: str) -> None:
         """The torch threads planned for `stage` ("generate", "forward", "update"): the
@@ -85,17 +95,21 @@ class RankWorker:
             torch.set_num_threads(self.stage_threads[stage])
 
     def node_address(self) -> tuple[str, int]:
-        return distributed_address()
+        """Rank 0: where the others meet it, this node's address and the port of the
+        rendezvous it now holds open (rlserve.core.process_group)."""
+        self._rendezvous = open_rendezvous()
+        return node_ip(), self._rendezvous.port
 
     def init_distributed(self, address: str, port: int) -> None:
         """Joins the service's process group (a training worker then builds its engine)."""
-        init_process_group(self.rank, self.world_size, address, port, self.device)
+        init_process_group(self.rank, self.world_size, address, port, self.device, self._rendezvous)
 
     def info(self) -> dict[str, Any]:
         """rank, node_id, hostname, pid: where this rank runs, for GetInfo."""
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        # Ray is imported in a Ray actor's process already; a rank built without it has
+        # no node id.
+        ray = sys.modules.get("ray")
+        node_id = ray.get_runtime_context().get_node_id() if ray and ray.is_initialized() else ""
         return {
             "rank": self.rank,
             "node_id": node_id,

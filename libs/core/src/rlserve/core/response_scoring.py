@@ -9,7 +9,8 @@ response positions, so this module:
    response columns past the longest response), so nothing is computed for padding;
 2. runs the model's backbone (its `base_model`) once for hidden states;
 3. keeps the hidden states of real response tokens only ([tokens, hidden]);
-4. applies the LM head `chunk_tokens` rows at a time, and from each chunk's logits takes
+4. applies the LM head `chunk_tokens` rows at a time (by default 256 on the CPU, 4096 on
+   CUDA: `resolve_chunk_tokens`), and from each chunk's logits takes
    the label's log-prob (`z[y] - logsumexp z`) and the entropy
    (`logsumexp z - Σ softmax(z)·z`, the dot product as a matmul: no product copy).
 
@@ -40,7 +41,23 @@ from rlserve.core.batch import Batch
 from rlserve.core.lora import is_lora
 from rlserve.core.modeling import position_ids_from_mask
 
-DEFAULT_CHUNK_TOKENS = 256
+CPU_CHUNK_TOKENS = 256
+"""LM-head chunk on the CPU: 3 × 256 × a 49k vocabulary is 150 MB of float32 logits."""
+CUDA_CHUNK_TOKENS = 4096
+"""LM-head chunk on a GPU: matmuls large enough to keep it busy (hundreds of 256-row
+ones are mostly launch overhead); 3 × 4096 × a 152k vocabulary is 7.5 GB of float32
+logits, so set logits_chunk_tokens lower where that memory is not free."""
+
+
+def resolve_chunk_tokens(setting: int | None, device: torch.device) -> int:
+    """Response tokens per LM-head chunk on `device` for a `logits_chunk_tokens` setting:
+    the setting, or None for the device's default (CUDA_CHUNK_TOKENS on CUDA, else
+    CPU_CHUNK_TOKENS)."""
+    if setting is not None:
+        if setting < 1:
+            raise ValueError(f"chunk_tokens: must be >= 1, got {setting}")
+        return setting
+    return CUDA_CHUNK_TOKENS if device.type == "cuda" else CPU_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -184,7 +201,7 @@ def score_responses(
     responses: torch.Tensor,
     response_mask: torch.Tensor,
     temperature: float = 1.0,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
     with_entropy: bool = False,
     with_sum_pi_squared: bool = False,
     entropy_grad: bool = True,
@@ -194,12 +211,12 @@ def score_responses(
     `model` is a Hugging Face causal LM or a DeepSpeed engine around one. Differentiable
     when grad is enabled: the log-probs, and the entropy unless `entropy_grad` is False
     (a metric only: cheaper, backward recomputes nothing for it). Σπ² never is.
+    `chunk_tokens`: rows per LM-head chunk, None = the device's (resolve_chunk_tokens).
 
     Shape: input_ids, attention_mask (B, P+R); responses, response_mask (B, R)
         -> ResponseScores of (B, R)
     """
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens: must be >= 1, got {chunk_tokens}")
+    chunk_tokens = resolve_chunk_tokens(chunk_tokens, input_ids.device)
     causal_lm = unwrap_model(model)
     batch_size, response_len = responses.shape
     mask = response_mask.bool()

@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlserve.core.config import SECRET, ConfigError, ConfigModel
+from rlserve.core.inputs_config import Dtype
 
 KIND_NAMES = ("rule", "model", "http")
 DEFAULT_RULE = "arithmetic_exact_match"
@@ -59,8 +60,9 @@ class ModelKindConfig(ConfigModel):
     """Local HF model directory, readable on every node the replicas may run on."""
     weight: float = Field(1.0, allow_inf_nan=False)
     """Weight of this kind's score in the combined score (may be 0 or negative)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype the reward model is loaded in."""
+    dtype: Dtype = "auto"
+    """Parameter dtype the reward model is loaded in; it runs on the replica's CPU, where
+    'auto' is float32."""
     micro_batch_samples: int = Field(16, ge=1)
     """Samples per forward pass; bounds the replica's activation memory."""
 

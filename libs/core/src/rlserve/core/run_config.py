@@ -49,7 +49,7 @@ from rlserve.core.inputs_config import (
     ModelConfig,
     model_weight_bytes,
 )
-from rlserve.core.placement_config import PlacementConfig
+from rlserve.core.placement_config import PlacementConfig, shares_a_gpu
 from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.tracing_config import TracingConfig
 from rlserve.core.vllm_config import VllmConfig
@@ -539,9 +539,34 @@ class RunConfig(ConfigModel):
         issues += self._request_size_issues()
         issues += self._request_token_issues()
         issues += self._vllm_context_issues()
+        issues += self._vllm_memory_issues()
+        issues += self._gpu_sharing_issues()
         if issues:
             raise ConfigError(issues)
         return self
+
+    def _gpu_sharing_issues(self) -> list[tuple[str, str]]:
+        """A training service's ranks form one NCCL group, which refuses two ranks on one
+        GPU; bundles of part of a GPU may put two there."""
+        sections = {"rollout": ("actor", self.actor)}
+        if self.needs_critic:
+            sections["critic"] = ("critic", self.critic)
+        issues = []
+        for role, (name, section) in sections.items():
+            placed = self.placement.roles.get(role)
+            if placed is None or section.workers < 2 or not shares_a_gpu(placed.worker_resources):
+                continue
+            issues.append(
+                (
+                    f"{name}.workers",
+                    f"{section.workers} ranks of one NCCL group on bundles of "
+                    f"placement.roles.{role}.worker_resources.GPU "
+                    f"{placed.worker_resources['GPU']:g} may land on one GPU, which NCCL "
+                    f"refuses; give each {name} worker a whole GPU (GPU: 1) or set "
+                    f"{name}.workers: 1",
+                )
+            )
+        return issues
 
     def _catalogue_issues(self) -> list[tuple[str, str]]:
         algorithm, issues = self.algorithm, []
@@ -607,6 +632,40 @@ class RunConfig(ConfigModel):
                 f"{limit} is below data.max_prompt_tokens {self.data.max_prompt_tokens} + "
                 f"rollout.max_new_tokens {self.rollout.max_new_tokens}; raise it to at least "
                 f"{need}, or null for the model's own context",
+            )
+        ]
+
+    def _vllm_memory_issues(self) -> list[tuple[str, str]]:
+        """vLLM starts only when gpu_memory_utilization × the GPU's memory is free (even
+        with kv_cache_gib set), and it is built after the actor's training copy, in the
+        same process: its fraction must stay below the rollout worker's share of the
+        GPU, with room for that copy. The share is placement.roles.rollout's GPU, else
+        taken as a whole GPU (a share that WorkerGroup packs on a cluster with fewer
+        GPUs than workers is known only once the cluster is)."""
+        placed = self.placement.roles.get("rollout")
+        share = 1.0 if placed is None else placed.worker_resources.get("GPU", 0.0)
+        utilization = self.rollout.vllm.gpu_memory_utilization
+        if (
+            self.generation_engine != "vllm"
+            or self.actor.device == "cpu"
+            or share == 0  # no GPU reserved: vLLM runs on the CPU
+            or utilization < share
+        ):
+            return []
+        source = (
+            "a whole GPU: no placement.roles.rollout"
+            if placed is None
+            else "placement.roles.rollout.worker_resources.GPU"
+        )
+        return [
+            (
+                "rollout.vllm.gpu_memory_utilization",
+                f"{utilization:g} leaves no room on each rollout worker's share of its GPU "
+                f"({share:g}, {source}) for the actor's training copy, which shares the "
+                f"worker's process and is on the GPU before vLLM starts, and vLLM refuses "
+                f"to start unless {utilization:g} of the GPU is free; set it below "
+                f"{share:g} with room for the training copy (e.g. {share / 2:g}), or give "
+                f"the rollout workers more of the GPU",
             )
         ]
 

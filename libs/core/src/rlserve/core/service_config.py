@@ -16,9 +16,9 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from rlserve.core.auth import ServiceAuth
-from rlserve.core.config import ConfigModel
+from rlserve.core.config import ConfigError, ConfigModel
 from rlserve.core.inputs_config import Dtype
-from rlserve.core.placement import WorkerPlacementConfig
+from rlserve.core.placement_config import WorkerPlacementConfig, shares_a_gpu
 from rlserve.core.tracing_config import TracingConfig
 from rlserve.core.worker_settings import WorkerSettings
 
@@ -39,9 +39,11 @@ class WorkerDeployment(WorkerSettings, ServiceAuth):
 
     model_path: str
     """Causal-LM directory (Hugging Face format) the service's model starts from."""
-    dtype: Dtype = "float32"
+    dtype: Dtype = "auto"
     """Parameter dtype of the model (bfloat16/float16 turn on DeepSpeed's mixed precision
-    where the service trains); log-probs and values are computed in float32 either way."""
+    where the service trains); 'auto' is bfloat16 on a GPU with native bf16, else
+    float32, decided by each worker for its device. Log-probs and values are computed in
+    float32 either way."""
     num_cpus_per_worker: float = Field(1.0, gt=0)
     """Ray CPUs reserved per worker; also its torch thread count (rounded down, at least
     1) unless the service has a thread setting of its own."""
@@ -59,12 +61,28 @@ class WorkerDeployment(WorkerSettings, ServiceAuth):
     """Worker allocators keep freed pages for reuse instead of returning them to the
     kernel (faster updates of large models at their peak resident memory; see
     rlserve.core.workers). The trainer sets it for models of >= 100 MiB of weights."""
+    gpus_per_worker: float | None = Field(None, ge=0, le=1)
+    """GPUs each worker reserves when `placement` is None; a fraction shares a GPU among
+    workers. The trainer sets it when the run has more GPU workers than the cluster has
+    GPUs (rlserve.core.devices.worker_gpus); None = decided from this service's own
+    workers and device (1 for 'cuda', or 'auto' on a cluster with a GPU to each)."""
 
     @model_validator(mode="after")
     def _placement_has_room(self) -> WorkerDeployment:
         if self.placement is not None:
             self.placement.require_room_for(self.workers)
         return self
+
+    def fractional_gpu_field(self) -> str | None:
+        """The field that gives this service's workers part of a GPU, or None (whole
+        GPUs, or none)."""
+        if self.placement is not None:
+            own = self.placement.bundles[self.placement.bundle_offset :][: self.workers]
+            if any(shares_a_gpu(bundle) for bundle in own):
+                return "placement.bundles"
+        elif self.gpus_per_worker is not None and 0 < self.gpus_per_worker < 1:
+            return "gpus_per_worker"
+        return None
 
 
 class TrainingDeployment(WorkerDeployment):
@@ -79,6 +97,18 @@ class TrainingDeployment(WorkerDeployment):
     '..' and symlinks leading out are refused. Must be shared by every worker (same path
     on every node). None = the service saves and loads no checkpoints. The trainer sets
     its run's checkpoints directory here when it deploys the service."""
+
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> TrainingDeployment:
+        field = self.fractional_gpu_field()
+        if self.workers > 1 and field is not None:
+            raise ConfigError(
+                "workers",
+                f"{self.workers} ranks of one NCCL group on shares of a GPU ({field} gives "
+                "each worker less than one) may land on one GPU, which NCCL refuses; give "
+                "each worker a whole GPU or set workers: 1",
+            )
+        return self
 
     @property
     def worker_mini_batch_samples(self) -> int:

@@ -54,6 +54,8 @@ class Shortfall:
     """One line per alive node: address, then free/total of each resource."""
     never_fits: bool
     """Some request is larger than every node: no amount of waiting places it."""
+    gpus: bool = False
+    """Some waiting request asks for GPUs: the fix then is about GPUs, not CPUs."""
 
     def describe(self) -> str:
         lines = ["waiting for resources no node has free:"]
@@ -62,6 +64,12 @@ class Shortfall:
             lines.append(f"  pending actors: {', '.join(self.actors)}")
         lines.append("what the nodes offer (free/total):")
         lines += [f"  {line}" for line in self.nodes]
+        if self.gpus:
+            lines.append(
+                "fix for GPUs: share them (a placement bundle such as {CPU: 1, GPU: 0.5}, "
+                "or the service's gpus_per_worker below 1; the trainer shares them itself "
+                "when no placement is set), set the role's device: cpu, or add GPUs"
+            )
         if self.never_fits:
             lines.append(
                 "fix: lower the per-replica or per-worker resources (num_cpus_per_replica, "
@@ -139,13 +147,14 @@ def resource_shortfall(serve_apps: Collection[str] | None = None) -> Shortfall |
     for gang in cluster.pending_gang_resource_requests:
         requests += [(dict(bundle.resources_bundle), 1) for bundle in gang.requests]
     waiting = []
-    never_fits = False
+    never_fits = gpus = False
     for request, count in requests:
         need = {name: amount for name, amount in request.items() if not _bookkeeping(name)}
         if not need or any(_fits(need, node.available_resources) for node in nodes):
             continue
         larger_than_every_node = not any(_fits(need, node.total_resources) for node in nodes)
         never_fits = never_fits or larger_than_every_node
+        gpus = gpus or need.get("GPU", 0) > 0
         why = "larger than every node" if larger_than_every_node else "other work holds it"
         waiting.append(f"{count} × {_shape(need)} ({why})")
     if not waiting:
@@ -158,4 +167,5 @@ def resource_shortfall(serve_apps: Collection[str] | None = None) -> Shortfall |
         actors=tuple(actors),
         nodes=tuple(_node_lines(nodes)),
         never_fits=never_fits,
+        gpus=gpus,
     )

@@ -1,7 +1,8 @@
 """DeepSpeed training engines for the actor and the critic, and their checkpoints.
 
 Choices: the optimizer is torch's AdamW handed to DeepSpeed (its CPU/fused Adam would
-JIT-compile C++ for ≈ 35 s on first use and buys nothing at this size); ZeRO stage,
+JIT-compile C++ for ≈ 35 s on first use and buys nothing at this size), torch's fused
+kernel on CUDA and its per-tensor loop on the CPU (`adamw`); ZeRO stage,
 gradient clipping and accumulation come from DeepSpeed's config; gloo is the backend on
 CPU. DeepSpeed scales each micro-batch loss by 1/gradient_accumulation_steps in
 `backward` and only steps the optimizer at accumulation boundaries, so callers call
@@ -56,9 +57,17 @@ def deepspeed_config(
     grad_clip: float,
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    """DeepSpeed's config dict; batch sizes are per rank."""
+    """DeepSpeed's config dict; batch sizes are per rank. `dtype` is the model's
+    parameter dtype: bfloat16 or float16 turns on DeepSpeed's mixed precision (float32
+    master weights and optimizer state)."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage: must be 0, 1, 2 or 3, got {zero_stage}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        # A stray 'auto' here would train in float32 whatever the weights are.
+        raise ValueError(
+            f"dtype: must be float32, bfloat16 or float16, got {dtype!r}; resolve 'auto' "
+            "for the device first (rlserve.core.modeling.resolve_dtype)"
+        )
     return {
         "train_micro_batch_size_per_gpu": micro_batch_samples,
         "gradient_accumulation_steps": grad_accum_steps,
@@ -74,18 +83,11 @@ def deepspeed_config(
 def build_training_engine(
     model: torch.nn.Module, optimizer: OptimizerSettings, dtype: str = "float32"
 ) -> Any:
-    """Wraps `model` in a DeepSpeed engine with AdamW; the process group must exist."""
+    """Wraps `model` in a DeepSpeed engine with AdamW; the process group must exist.
+    `dtype`: the model's parameter dtype (deepspeed_config)."""
     import deepspeed
 
-    # foreach=False: the multi-tensor AdamW allocates temporaries the size of all the
-    # parameters at once (e.g. sqrt of every second moment), a whole model's worth of peak
-    # memory in a training worker; the per-tensor loop needs one tensor's worth.
-    adamw = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=optimizer.lr,
-        weight_decay=optimizer.weight_decay,
-        foreach=False,
-    )
+    trained = [p for p in model.parameters() if p.requires_grad]
     config = deepspeed_config(
         optimizer.zero_stage,
         optimizer.micro_batch_samples,
@@ -93,10 +95,29 @@ def build_training_engine(
         optimizer.grad_clip,
         dtype,
     )
-    engine, *_ = deepspeed.initialize(model=model, optimizer=adamw, config=config)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=adamw(trained, optimizer, trained[0].device), config=config
+    )
     if optimizer.zero_stage == 0:
         _bound_allreduce_memory(engine)
     return engine
+
+
+def adamw(
+    parameters: list[torch.nn.Parameter], optimizer: OptimizerSettings, device: torch.device
+) -> torch.optim.AdamW:
+    """torch's AdamW for `parameters`, which live on `device`.
+
+    On CUDA the fused kernel: a few launches per step instead of several per tensor,
+    and no temporaries. On the CPU the per-tensor loop (foreach=False): the multi-tensor
+    version allocates temporaries the size of all the parameters at once (e.g. sqrt of
+    every second moment), a whole model's worth of peak memory in a training worker; the
+    loop needs one tensor's worth.
+    """
+    kernel = {"fused": True} if device.type == "cuda" else {"foreach": False}
+    return torch.optim.AdamW(
+        parameters, lr=optimizer.lr, weight_decay=optimizer.weight_decay, **kernel
+    )
 
 
 # Elements per gradient all-reduce bucket under ZeRO-0 (100 MB of float32).
@@ -106,11 +127,15 @@ ALLREDUCE_BUCKET_ELEMENTS = 25_000_000
 def _bound_allreduce_memory(engine: Any) -> None:
     """ZeRO-0's all-reduce flattens the gradients into buckets of 5e8 elements, so a
     model under 2 GB of gradients gets one flat copy of all of them at every optimizer
-    step (0.54 GB for a 135 M model), even with one rank, where there is nothing to
-    reduce. One rank: skip the reduction. Several: smaller buckets."""
+    step (0.54 GB for a 135 M model), even with one rank. One rank with float32
+    gradient communication: skip the reduction, a provable no-op there (the sum over
+    one rank, divided by a world size of 1). Otherwise smaller buckets: with bf16 or
+    fp16 DeepSpeed reduces in that dtype, rounding the gradients even at one rank, so
+    skipping it would train differently from several ranks; a one-GPU run then
+    exercises the NCCL all-reduce that several ranks use."""
     import torch.distributed as dist
 
-    if dist.get_world_size() == 1:
+    if dist.get_world_size() == 1 and engine.communication_data_type == torch.float32:
         engine.enable_backward_allreduce = False
         return
     reduce = engine.allreduce_gradients
@@ -136,11 +161,22 @@ def grad_norm(engine: Any) -> float:
     return float(norm)
 
 
-def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
-    """The unsharded weights on every rank (a collective under ZeRO-3: call on all ranks)."""
+def live_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """The unsharded weights with no copy where they are whole already: under ZeRO 0-2
+    the training module's own parameters (detached; the next optimizer step changes
+    them, so take full_state_dict to keep them), under ZeRO-3 a gathered copy (a
+    collective: call on all ranks)."""
     if engine.zero_optimization_stage() == 3:
         return engine._zero3_consolidated_16bit_state_dict()
-    return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    return engine.module.state_dict()
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """A snapshot of the unsharded weights on every rank, unchanged by later training
+    (a collective under ZeRO-3: call on all ranks)."""
+    if engine.zero_optimization_stage() == 3:
+        return live_state_dict(engine)  # gathered: a copy already
+    return {k: v.clone() for k, v in live_state_dict(engine).items()}
 
 
 def save_training_checkpoint(engine: Any, directory: Path, client_state: dict) -> None:

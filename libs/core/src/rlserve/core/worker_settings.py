@@ -165,9 +165,10 @@ class ActorSettings(TrainingSettings):
     forward_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass of ComputeLogProb on one worker (and of the reference
     when it is merged into the rollout)."""
-    logits_chunk_tokens: int = Field(256, ge=1)
+    logits_chunk_tokens: int | None = Field(None, ge=1)
     """Response tokens per LM-head chunk when scoring and training: peak logits memory
-    is ≈ 3 × this × vocabulary floats, whatever the batch and sequence length."""
+    is ≈ 3 × this × vocabulary floats, whatever the batch and sequence length. None =
+    256 on a CPU worker, 4096 on a GPU one (rlserve.core.response_scoring)."""
     lora_rank: int = Field(0, ge=0)
     """Rank of LoRA adapters on the actor's linear layers (lora_target_modules); only the
     adapters train, generation gets merged weights, and the reference is the base with
@@ -244,6 +245,6 @@ class ReferenceConfig(WorkerSettings, RequestLimits):
 
     forward_micro_batch_samples: int = Field(64, ge=1)
     """Samples per forward pass on one worker."""
-    logits_chunk_tokens: int = Field(256, ge=1)
+    logits_chunk_tokens: int | None = Field(None, ge=1)
     """Response tokens per LM-head chunk (peak logits memory ≈ 3 × this × vocabulary
-    floats)."""
+    floats); None = 256 on a CPU worker, 4096 on a GPU one."""

@@ -6,8 +6,9 @@ DP_COMPUTE_PROTO), or calls every rank with the same arguments (checkpoint, load
 
 A worker is built by a factory — a class, or an import path "module:name" of a class or
 function — called with `rank`, `world_size` plus its own keyword arguments; the worker has
-`node_address()` and `init_distributed(address, port)` methods (`distributed_address` and
-`init_process_group` below implement those two). Each Ray actor is a WorkerHost that
+`node_address()` and `init_distributed(address, port)` methods (rlserve.core.rank_worker
+implements them with rlserve.core.process_group, which needs no Ray: this module is the
+only one of the compute path's that imports it). Each Ray actor is a WorkerHost that
 builds its worker inside its own process, so a controller that names its workers by
 import path never imports what they do (transformers, DeepSpeed, peft, vLLM: ≈ 110 MB
 of resident memory and seconds of start-up per Serve replica).
@@ -31,87 +32,44 @@ stuck in a collective with it), as UNAVAILABLE naming the rank, and the group re
 that worker dead from then on: the caller that asks GetInfo right after the failure
 must not find the replica healthy just because the ping has not resolved yet.
 
-Allocator: worker processes run with jemalloc (the copy Ray's wheel ships, preloaded)
-unless RLSERVE_WORKER_ALLOCATOR=system. glibc's malloc keeps freed tensor memory in
-fragmented heaps: one SmolLM2-135M actor worker (generate, log-probs, update, 3 steps)
-peaked at 3.62 GiB resident with glibc and 3.01 GiB with jemalloc. jemalloc's default
-purging hands freed pages back to the kernel within seconds, and an update that frees
-and re-allocates its activations every micro-batch then page-faults them in again: a
-LoRA update of 32 × ~96 tokens on 2 threads took 17-19 s that way, 12.8-13.3 s with
-purging off (MALLOC_CONF dirty_decay_ms:-1,muzzy_decay_ms:-1; 14-15 s with glibc), at
-3.17 GiB peak resident instead of 2.98 (4.6 with glibc). So workers of a large model
+Allocator: CPU worker processes run with jemalloc (the copy Ray's wheel ships,
+preloaded) unless RLSERVE_WORKER_ALLOCATOR=system; a worker that reserves a GPU keeps
+the system allocator (jemalloc under CUDA, NCCL and vLLM was never tried). glibc's
+malloc keeps freed tensor memory in fragmented heaps: one SmolLM2-135M actor worker
+(generate, log-probs, update, 3 steps) peaked at 3.62 GiB resident with glibc and 3.01
+GiB with jemalloc. jemalloc's default purging hands freed pages back to the kernel
+within seconds, and an update that frees and re-allocates its activations every
+micro-batch then page-faults them in again: a LoRA update of 32 × ~96 tokens on 2
+threads took 17-19 s that way, 12.8-13.3 s with purging off (MALLOC_CONF
+dirty_decay_ms:-1,muzzy_decay_ms:-1; 14-15 s with glibc), at 3.17 GiB peak resident
+instead of 2.98 (4.6 with glibc). So workers of a large model
 (WorkerDeployment.keep_freed_pages, which the trainer sets from the model's size) keep
 their freed pages for reuse, unless MALLOC_CONF is set in the environment. Small models
-keep jemalloc's purging: a tiny-model critic that never purged grew 38 MiB over 150
-PPO steps (the sizes its variable-length batches ask for fragment the kept pages),
-against a few MiB with purging.
+keep jemalloc's purging: a tiny-model critic that never purged grew 38 MiB over 150 PPO
+steps (the sizes its variable-length batches ask for fragment the kept pages), against a
+few MiB with purging.
 """
 
 import asyncio
 import importlib
 import logging
 import os
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
-from rlserve.core.devices import deepspeed_accelerator, distributed_backend, worker_gpus
-from rlserve.core.placement import (
-    WorkerPlacementConfig,
-    actor_resource_options,
-    ensure_placement_group,
-)
+from rlserve.core.devices import worker_gpus
+from rlserve.core.placement import actor_resource_options, ensure_placement_group
+from rlserve.core.placement_config import WorkerPlacementConfig
 from rlserve.core.service.methods import INIT_DISTRIBUTED, NODE_ADDRESS
 from rlserve.core.service_config import WorkerDeployment
 from rlserve.core.serving import unavailable
-
-
-def distributed_address() -> tuple[str, int]:
-    """This node's IP and a free port on it, for rank 0 to host the rendezvous."""
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        port = probe.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
-
-
-SHM_ALL_REDUCE_OP = "deepspeed_shm_comm"
-
-
-def init_process_group(
-    rank: int, world_size: int, address: str, port: int, device: torch.device | None = None
-) -> None:
-    """Joins the group through DeepSpeed (which reads these variables): NCCL for CUDA
-    workers, gloo on the CPU. A worker sees only its own GPU, so LOCAL_RANK is 0."""
-    device = device or torch.device("cpu")
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK="0",
-        WORLD_SIZE=str(world_size),
-        MASTER_ADDR=address,
-        MASTER_PORT=str(port),
-        DS_ACCELERATOR=deepspeed_accelerator(device),
-    )
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    import deepspeed  # imported here, after DS_ACCELERATOR: only training workers need it
-    import deepspeed.ops
-
-    # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce (used only by
-    # inference_all_reduce, which nothing here calls) at every init: ≈ 40 s of gcc on a
-    # fresh machine, under a lock file in ~/.cache/torch_extensions that every process
-    # waits on. A worker killed while holding it (a replica torn down mid-start) left
-    # every later worker on the machine waiting forever.
-    deepspeed.ops.__compatible_ops__[SHM_ALL_REDUCE_OP] = False
-    deepspeed.init_distributed(dist_backend=distributed_backend(device), auto_mpi_discovery=False)
-
 
 logger = logging.getLogger(__name__)
 ALLOCATOR_ENV = "RLSERVE_WORKER_ALLOCATOR"
@@ -121,20 +79,28 @@ KEEP_FREED_PAGES = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 """jemalloc options of the workers: freed pages stay for reuse (see the module doc)."""
 
 
-def worker_env_vars(keep_freed_pages: bool = False) -> dict[str, str]:
-    """Environment for worker processes: jemalloc preloaded, and told to keep freed pages
-    when `keep_freed_pages` (see the module doc)."""
+def worker_env_vars(gpus: float, keep_freed_pages: bool = False) -> dict[str, str]:
+    """Environment for a worker process that reserves `gpus` GPUs (see the module doc).
+
+    A worker that reserves none is hidden every GPU: Ray 2.60 no longer empties
+    CUDA_VISIBLE_DEVICES for an actor with num_gpus=0, and such a worker set to 'auto'
+    would otherwise compute on a cuda:0 that another worker reserved. It gets jemalloc
+    preloaded, told to keep freed pages when `keep_freed_pages`. A worker with a GPU
+    keeps the system allocator: jemalloc was measured on CPU workers only, and CUDA,
+    NCCL and vLLM were never tried under it."""
     allocator = os.environ.get(ALLOCATOR_ENV, "jemalloc")
-    if allocator == "system":
-        return {}
-    if allocator != "jemalloc":
+    if allocator not in ("jemalloc", "system"):
         raise ValueError(f"{ALLOCATOR_ENV}: expected 'jemalloc' or 'system', got {allocator!r}")
+    if gpus > 0:
+        return {}
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    if allocator == "system":
+        return env
     library = Path(ray.__file__).parent / "core" / "libjemalloc.so"
     if not library.is_file():
         logger.warning("no %s; worker processes use the system allocator", library)
-        return {}
-    preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD", "")]))
-    env = {"LD_PRELOAD": preload}
+        return env
+    env["LD_PRELOAD"] = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD", "")]))
     if keep_freed_pages and "MALLOC_CONF" not in os.environ:
         env["MALLOC_CONF"] = KEEP_FREED_PAGES
     return env
@@ -235,15 +201,47 @@ def _traced_call(
         return host.call(method, *args, **kwargs)
 
 
+_SHORTFALL_FIXES = {
+    "CPU": "lower num_cpus_per_worker or workers, or add nodes",
+    "GPU": (
+        "share GPUs (gpus_per_worker below 1, or a placement bundle such as "
+        "{CPU: 1, GPU: 0.5}), set device: cpu, lower workers, or add GPUs"
+    ),
+}
+
+
+def unscheduled_message(
+    workers: str,
+    need: dict[str, float],
+    free: dict[str, float],
+    total: dict[str, float],
+    timeout_s: float,
+) -> str:
+    """Why `workers`, each asking for `need`, were not scheduled: the resources of which
+    the cluster has less free than one worker asks for, with a fix for each (all of
+    `need` when none is short now: other work held them until just before)."""
+    asked = {name: amount for name, amount in need.items() if amount > 0}
+    short = [name for name, amount in asked.items() if free.get(name, 0) + 1e-9 < amount] or list(
+        asked
+    )
+    lines = [
+        f"{name}: {asked[name]:g} each, {free.get(name, 0):g} free of {total.get(name, 0):g} "
+        f"({_SHORTFALL_FIXES.get(name, 'free it or add nodes that have it')})"
+        for name in short
+    ]
+    return f"{workers} were not scheduled within {timeout_s:.0f} s; short of " + "; ".join(lines)
+
+
 class WorkerGroup:
     """`num_workers` workers built by `factory`, ranks 0..N-1, in one process group.
 
     With `placement`, worker i runs in bundle `bundle_offset + i` of that named placement
     group (created if missing) and asks for exactly that bundle's resources; without it,
-    each worker asks for `num_cpus_per_worker` (and a GPU when its `device` setting calls
-    for one: devices.worker_gpus) and Ray picks the node. Creation fails
-    within schedule_timeout_s, naming the shortfall, when the cluster cannot place the
-    workers (Ray would otherwise leave them pending forever).
+    each worker asks for `num_cpus_per_worker` and `gpus_per_worker` (None: what its
+    `device` setting calls for, devices.worker_gpus, a share of a GPU when the cluster
+    has fewer GPUs than this group has workers) and Ray picks the node. Creation fails
+    within schedule_timeout_s, naming the resources short, when the cluster cannot place
+    the workers (Ray would otherwise leave them pending forever).
     """
 
     def __init__(
@@ -257,6 +255,7 @@ class WorkerGroup:
         schedule_timeout_s: float = 120.0,
         device: str = "cpu",
         keep_freed_pages: bool = False,
+        gpus_per_worker: float | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers: must be >= 1, got {num_workers}")
@@ -264,15 +263,20 @@ class WorkerGroup:
         if placement is not None:
             placement.require_room_for(num_workers)
             group = ensure_placement_group(placement)
-        gpus = worker_gpus(device)
+        if gpus_per_worker is None:
+            gpus_per_worker = worker_gpus(
+                device, ray.cluster_resources().get("GPU", 0), num_workers
+            )
         host_cls = _host_class(factory)
         remote_cls = ray.remote(host_cls)
-        runtime_env = {"env_vars": worker_env_vars(keep_freed_pages)}
         self.workers = []
         self._pings: list[Any] = []
         self._died: dict[int, str] = {}  # rank -> why, as calls found it
         for rank in range(num_workers):
-            options: dict[str, Any] = {"num_cpus": num_cpus_per_worker, "num_gpus": gpus}
+            options: dict[str, Any] = {
+                "num_cpus": num_cpus_per_worker,
+                "num_gpus": gpus_per_worker,
+            }
             if group is not None:
                 bundle_index = placement.bundle_offset + rank
                 options = actor_resource_options(placement.bundles[bundle_index])
@@ -281,14 +285,18 @@ class WorkerGroup:
                 )
             if name_prefix:
                 options["name"] = f"{name_prefix}-rank{rank}"
-            options["runtime_env"] = runtime_env
+            options["runtime_env"] = {
+                "env_vars": worker_env_vars(options["num_gpus"], keep_freed_pages)
+            }
+            if rank == 0:
+                need = {"CPU": options["num_cpus"], "GPU": options["num_gpus"]}
             self.workers.append(
                 remote_cls.options(**options).remote(
                     factory, rank=rank, world_size=num_workers, **worker_kwargs
                 )
             )
         try:
-            self._start(schedule_timeout_s, host_cls.__name__, num_cpus_per_worker)
+            self._start(schedule_timeout_s, host_cls.__name__, need)
         except BaseException:
             # a worker that failed to build or join must not leave the others holding
             # their CPUs/GPUs (or waiting in the rendezvous)
@@ -300,7 +308,7 @@ class WorkerGroup:
         cls, factory: WorkerFactory, config: WorkerDeployment, worker_kwargs: dict[str, Any]
     ) -> "WorkerGroup":
         """The workers a service's config describes: `config.workers` ranks, sized and
-        placed by its num_cpus_per_worker, placement and device."""
+        placed by its num_cpus_per_worker, gpus_per_worker, placement and device."""
         return cls(
             factory,
             config.workers,
@@ -309,20 +317,23 @@ class WorkerGroup:
             placement=config.placement,
             device=config.device,
             keep_freed_pages=config.keep_freed_pages,
+            gpus_per_worker=config.gpus_per_worker,
         )
 
-    def _start(self, schedule_timeout_s: float, kind: str, num_cpus_per_worker: float) -> None:
+    def _start(self, schedule_timeout_s: float, kind: str, need: dict[str, float]) -> None:
         try:
             address, port = ray.get(
                 self.workers[0].call.remote(NODE_ADDRESS), timeout=schedule_timeout_s
             )
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
-                f"{len(self.workers)} {kind} workers needing {num_cpus_per_worker} "
-                f"CPU each were not scheduled within {schedule_timeout_s:.0f} s; the cluster "
-                f"has {ray.available_resources().get('CPU', 0):g} CPUs free of "
-                f"{ray.cluster_resources().get('CPU', 0):g}: lower num_cpus_per_worker or "
-                "workers, or add nodes"
+                unscheduled_message(
+                    f"{len(self.workers)} {kind} workers",
+                    need,
+                    ray.available_resources(),
+                    ray.cluster_resources(),
+                    schedule_timeout_s,
+                )
             ) from None
         _get_fail_fast(
             [worker.call.remote(INIT_DISTRIBUTED, address, port) for worker in self.workers]

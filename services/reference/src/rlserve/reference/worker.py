@@ -6,9 +6,9 @@ come from rlserve.core.response_scoring (`score_responses`), the same function t
 rollout service uses for ComputeLogProb, so before any actor update the two
 agree by construction (an integration test checks it through both services).
 
-Used as a Ray actor by WorkerGroup, and in-process by unit tests. `init_distributed`
-joins a gloo process group as WorkerGroup requires, although inference needs no
-collective.
+Used as a Ray actor by WorkerGroup, and in-process by unit tests. Its ranks join no
+process group and never start DeepSpeed: a forward needs no collective, each rank scores
+its own rows, and a group would only cost an NCCL communicator (GPU memory) per rank.
 """
 
 from typing import Any
@@ -18,12 +18,9 @@ import torch
 from rlserve.core import tracing
 from rlserve.core.batch import Batch
 from rlserve.core.modeling import load_causal_lm
+from rlserve.core.process_group import node_ip
 from rlserve.core.rank_worker import RankSetup, RankWorker
-from rlserve.core.response_scoring import (
-    DEFAULT_CHUNK_TOKENS,
-    forward_micro_batches,
-    score_responses,
-)
+from rlserve.core.response_scoring import forward_micro_batches, score_responses
 from rlserve.core.serving import until_deadline
 
 
@@ -36,13 +33,20 @@ class ReferenceWorker(RankWorker):
         world_size: int,
         setup: RankSetup,
         forward_micro_batch_samples: int,
-        logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        logits_chunk_tokens: int | None = None,
     ):
         super().__init__(rank, world_size, setup)
         self.forward_micro_batch_samples = forward_micro_batch_samples
         self.logits_chunk_tokens = logits_chunk_tokens
-        self.model = load_causal_lm(setup.model_path, setup.dtype).to(self.device).eval()
+        self.model = load_causal_lm(setup.model_path, self.dtype).to(self.device).eval()
         self.model.requires_grad_(False)
+
+    def node_address(self) -> tuple[str, int]:
+        """No rendezvous to host: the ranks join no group (port 0)."""
+        return node_ip(), 0
+
+    def init_distributed(self, address: str, port: int) -> None:
+        """Nothing to join: scoring is rank-local (see the module doc)."""
 
     def info(self) -> dict[str, Any]:
         """Rank, placement and model facts for GetInfo and request validation."""

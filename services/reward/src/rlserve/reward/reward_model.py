@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from rlserve.core.modeling import DTYPES, last_hidden_state
+from rlserve.core.modeling import DTYPES, last_hidden_state, resolve_dtype
 from rlserve.core.serving import Deadline
 
 
@@ -30,7 +30,9 @@ class RewardModel:
     """Scores token sequences with a sequence-classification reward model."""
 
     def __init__(self, model_path: str | Path, dtype: str, micro_batch_samples: int) -> None:
-        model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=DTYPES[dtype])
+        # The model runs on the CPU (this module's docstring).
+        loaded = DTYPES[resolve_dtype(dtype, torch.device("cpu"))]
+        model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=loaded)
         if model.config.num_labels != 1:
             raise ValueError(
                 f"kinds.model.model_path: {model_path} has num_labels="

@@ -66,13 +66,20 @@ class GenerationEngine(Protocol):
         ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Replaces the engine's weights with the actor's (HF parameter names)."""
+        """Copies the actor's weights (HF parameter names) into the engine's own; the
+        tensors may be the training module's live parameters, so nothing of them is kept
+        after the call."""
         ...
 
     def sleep(self) -> None:
         """Frees what the engine can give up while the actor trains (or does nothing)."""
         ...
 
+    def wake_weights(self) -> None:
+        """Undoes `sleep` for the weights only (a no-op when they are awake); required
+        before load_weights."""
+        ...
+
     def wake_up(self) -> None:
-        """Undoes `sleep` (a no-op when awake); required before generate / load_weights."""
+        """Undoes `sleep` entirely (a no-op when awake); required before generate."""
         ...

@@ -16,6 +16,8 @@ Choices:
 - Log-probs are those of the sampled token under softmax(logits / T), the temperature-
   scaled distribution before top-k/top-p truncation (T = 1 when greedy): exactly what
   ComputeLogProb computes from a full forward pass, so the two agree (≈ 1e-6 in fp32).
+  They are taken step by step (SampledLogProbs, a forward hook), not from transformers'
+  `output_logits`, which keeps every step's fp32 logits, [rows, steps, vocab], to the end.
 - A response ends with the first EOS when the request stops at EOS, or with the token
   that completed one of its stop strings (transformers' StopStringCriteria); after a row
   finishes, transformers fills it with the pad id, which is cut off here.
@@ -27,13 +29,13 @@ Choices:
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from rlserve.core.modeling import load_causal_lm, load_tokenizer
+from rlserve.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
 from rlserve.core.serving import Deadline, deadline_exceeded
 from rlserve.rollout.generation import Generated, SamplingSettings
 
@@ -53,6 +55,49 @@ class DeadlineStop(StoppingCriteria):
         )
 
 
+class SampledLogProbs:
+    """The sampled tokens' log-probs under softmax(logits / T), one decoding step at a time.
+
+    A forward hook on the model turns each forward's last-position logits into log-probs
+    [rows, vocab] and holds them only until the next forward, whose input is the token
+    just sampled from them; that token's entry, [rows], is all that is kept. Peak: one
+    step's [rows, vocab], whatever the number of steps. The hook sees the logits before
+    any logits processor (top-k/top-p masks come after), as transformers does.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    @contextmanager
+    def recording(self, model: torch.nn.Module):
+        handle = model.register_forward_hook(self._after_forward, with_kwargs=True)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def _after_forward(self, module, args, kwargs, output) -> None:
+        if self.pending is not None:
+            self._pick(kwargs["input_ids"][:, -1])
+        logits = output.logits[:, -1].float() / self.temperature
+        self.pending = torch.log_softmax(logits, dim=-1)
+
+    def _pick(self, tokens: torch.Tensor) -> None:
+        self.picked.append(self.pending.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+        self.pending = None
+
+    def of(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[rows, steps] log-probs of `new_tokens` [rows, steps], the generated ids."""
+        steps = new_tokens.shape[1]
+        if len(self.picked) < steps:  # the last step's token never entered a forward
+            self._pick(new_tokens[:, len(self.picked)])
+        if len(self.picked) < steps:
+            raise RuntimeError(f"recorded {len(self.picked)} decoding steps, expected {steps}")
+        return torch.stack(self.picked[:steps], dim=1)
+
+
 class HFGenerationEngine:
     """transformers causal LM + KV cache, batched with left padding."""
 
@@ -61,14 +106,15 @@ class HFGenerationEngine:
     def __init__(
         self,
         model_path: str,
-        dtype: str = "float32",
+        dtype: str = "auto",
         device: torch.device | None = None,
         shared_model: torch.nn.Module | None = None,
     ):
         self.device = device or torch.device("cpu")
         self.shares_weights = shared_model is not None
         if shared_model is None:
-            self.model = load_causal_lm(model_path, dtype).to(self.device).eval()
+            loaded = resolve_dtype(dtype, self.device)
+            self.model = load_causal_lm(model_path, loaded).to(self.device).eval()
             self.model.requires_grad_(False)
         else:
             self.model = shared_model
@@ -108,7 +154,6 @@ class HFGenerationEngine:
             eos_token_id=None if sampling.ignore_eos else sorted(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
-            output_logits=sampling.return_log_probs,
             use_cache=True,
         )
         stop = None if deadline is None else DeadlineStop(deadline)
@@ -116,9 +161,11 @@ class HFGenerationEngine:
         if sampling.stop_strings:
             criteria.append(StopStringCriteria(self.tokenizer, list(sampling.stop_strings)))
         cuda_devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        recorder = SampledLogProbs(1.0 if greedy else sampling.temperature)
         with (
             self._inference_mode(),
             torch.random.fork_rng(devices=cuda_devices, enabled=sampling.seed is not None),
+            recorder.recording(self.model) if sampling.return_log_probs else nullcontext(),
         ):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
@@ -143,14 +190,8 @@ class HFGenerationEngine:
         ]
         log_probs = None
         if sampling.return_log_probs:
-            temperature = 1.0 if greedy else sampling.temperature
-            # output.logits: one [rows, V] tensor per step, before any logits processor.
-            logits = torch.stack(output.logits, dim=1).float() / temperature
-            picked = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).cpu()
-            log_probs = [
-                row[:length].tolist()
-                for row, length in zip(picked.squeeze(-1), lengths, strict=True)
-            ]
+            picked = recorder.of(new_tokens).cpu()
+            log_probs = [row[:length].tolist() for row, length in zip(picked, lengths, strict=True)]
         return Generated(response_ids=response_ids, log_probs=log_probs)
 
     @contextmanager
@@ -183,6 +224,9 @@ class HFGenerationEngine:
 
     def sleep(self) -> None:
         """Nothing to free: the KV cache lives only during a generate call."""
+
+    def wake_weights(self) -> None:
+        """Nothing to restore (see sleep)."""
 
     def wake_up(self) -> None:
         """Nothing to restore (see sleep)."""

@@ -7,19 +7,26 @@ Choices:
   model) instead of pickling them to an engine process. The same executor is why there
   is no tensor parallelism: one engine, one device, a whole model per data-parallel rank.
 - Settings are rlserve.core.vllm_config.VllmConfig's fields, passed as keyword arguments
-  (its defaults are this constructor's defaults). `enforce_eager` (default on): no
-  torch.compile or graph capture, so start-up takes seconds.
+  (its defaults are this constructor's defaults). `enforce_eager` None (the default)
+  means eager on CPU (no torch.compile or graph capture, so start-up takes seconds)
+  and CUDA graphs elsewhere (decoding without them is several times slower on a GPU).
 - Memory: the KV cache is sized explicitly (`kv_cache_gib`, default 1 GiB) instead of
   vLLM's CPU default of a fraction of the machine's memory, which would fail where
   several services share one box; on CUDA `kv_cache_gib=None` lets vLLM size it from
   `gpu_memory_utilization`. max_model_len defaults to the model config's.
-- Sleep (`sleep_while_training`): `sleep()` is vLLM's sleep level 1 (weights copied to
-  host memory, KV cache discarded), so the actor's training gets the KV cache's GPU
-  memory; `wake_up()` brings both back, and the weight sync then overwrites the weights.
-  Level 2 (weights discarded) would save that copy, but an update that fails before its
-  weight sync would then leave the engine with garbage weights; level 1 keeps it valid.
-  Checked at construction with vLLM's platform API: CPU builds have no sleep mode, and
-  the constructor refuses the setting rather than let vLLM ignore it. Off: both no-ops.
+- Sleep (`sleep_while_training`): `sleep()` is vLLM's sleep level 2 (weights and KV
+  cache discarded), so the actor's training gets all of the engine's GPU memory. Level 1
+  would copy the weights to host memory and back only for the weight sync to overwrite
+  them. Waking is two steps, in the order that keeps the GPU's peak lowest:
+  `wake_weights()` maps the weights' memory back, the caller loads the new weights and
+  drops its own copy of them, then `wake_up()` returns torch's cached blocks to the
+  driver (`torch.cuda.empty_cache()`: vLLM's sleep-mode memory is its own pool, which
+  blocks cached by torch's allocator cannot serve) and maps the KV cache, the largest
+  allocation, last. Until a `load_weights` after a sleep the weights are garbage, and
+  `generate` refuses to run (a failed update leaves the service broken anyway; a load
+  or reset syncs the weights again). Checked at construction with vLLM's platform API:
+  CPU builds have no sleep mode, and the constructor refuses the setting rather than let
+  vLLM ignore it. Off: all three no-ops.
 - Prompts go in as token ids and nothing is detokenized: the worker builds the batch
   tensors from ids, exactly as for the 'hf' engine.
 - Log-probs: `logprobs_mode="processed_logprobs"` with `logprobs=0` returns the sampled
@@ -43,9 +50,10 @@ Choices:
   What it does not stop: a step in progress, and the weight sync (`load_weights`),
   which belongs to an update and is atomic.
 - Side effects contained: building a vLLM engine in-process reseeds the global
-  random/numpy/torch RNGs, sets torch to 1 thread and replaces `torch.set_num_threads`
-  with a no-op (it expects its own thread binding). The worker also trains in this
-  process, so the constructor restores all of that.
+  random/numpy/torch RNGs (the CUDA ones too, once CUDA is initialised), sets torch to 1
+  thread and replaces `torch.set_num_threads` with a no-op (it expects its own thread
+  binding). The worker also trains in this process, so the constructor restores all of
+  that.
 - Process group: vLLM joins the process's default torch.distributed group if one
   exists (a DeepSpeed group of N ranks works: vLLM builds size-1 tensor-parallel groups
   inside it) and otherwise creates a world-size-1 group itself. A data-parallel worker
@@ -71,6 +79,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlserve.core.modeling import resolve_dtype
 from rlserve.core.serving import Deadline
 from rlserve.core.vllm_config import VllmConfig
 from rlserve.rollout.generation import Generated, SamplingSettings
@@ -109,17 +118,18 @@ class VLLMGenerationEngine:
     def __init__(
         self,
         model_path: str,
-        dtype: str = "float32",
+        dtype: str = "auto",
         seed: int = 0,
         *,
         kv_cache_gib: float | None = _DEFAULTS.kv_cache_gib,
         gpu_memory_utilization: float = _DEFAULTS.gpu_memory_utilization,
         max_model_len: int | None = _DEFAULTS.max_model_len,
-        enforce_eager: bool = _DEFAULTS.enforce_eager,
+        enforce_eager: bool | None = _DEFAULTS.enforce_eager,
         sleep_while_training: bool = _DEFAULTS.sleep_while_training,
     ):
         """Keyword arguments: the fields of rlserve.core.vllm_config.VllmConfig (their
-        docstrings say what each does)."""
+        docstrings say what each does). `dtype` 'auto' is rlserve's (resolve_dtype on
+        vLLM's platform), not vLLM's, which casts any float32 checkpoint to 16 bits."""
         if sleep_while_training and not current_platform.is_sleep_mode_available():
             raise ValueError(
                 f"vllm.sleep_while_training: this vLLM build (platform "
@@ -134,9 +144,9 @@ class VLLMGenerationEngine:
         with _process_state_kept():
             self.llm = LLM(
                 model=str(model_path),
-                dtype=dtype,
+                dtype=resolve_dtype(dtype, torch.device(current_platform.device_type)),
                 seed=seed,
-                enforce_eager=enforce_eager,
+                enforce_eager=current_platform.is_cpu() if enforce_eager is None else enforce_eager,
                 max_model_len=max_model_len,
                 # Set, it overrides gpu_memory_utilization's sizing of the KV cache.
                 kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * GIB),
@@ -155,27 +165,56 @@ class VLLMGenerationEngine:
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self._checkpoint_shapes = _checkpoint_tensor_shapes(Path(model_path))
         self.sleep_while_training = sleep_while_training
-        self.asleep = False
+        # vLLM's memory tags still unmapped ("weights", "kv_cache"); empty = awake.
+        self._sleeping: set[str] = set()
+        # True from a sleep until the next load_weights: the weights' memory holds garbage.
+        self._weights_discarded = False
         _LIVE_ENGINES.add(self)
 
+    @property
+    def asleep(self) -> bool:
+        return bool(self._sleeping)
+
     def sleep(self) -> None:
-        """Frees the KV cache (and moves the weights to host memory) while the actor
-        trains; a no-op unless sleep_while_training, or when already asleep."""
+        """Frees the weights' and the KV cache's GPU memory (sleep level 2) while the
+        actor trains; a no-op unless sleep_while_training, or when already asleep."""
         if self.sleep_while_training and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+            self.llm.sleep(level=2)
+            self._sleeping = {"weights", "kv_cache"}
+            self._weights_discarded = True
+
+    def wake_weights(self) -> None:
+        """Maps the weights' memory back (contents undefined until load_weights), the KV
+        cache staying asleep; a no-op when the weights are awake."""
+        self._wake("weights")
 
     def wake_up(self) -> None:
-        """Brings the weights and KV cache back after `sleep`; a no-op when awake."""
-        if self.asleep:
-            if not self.llm.wake_up():
-                raise RuntimeError("vLLM did not wake up fully after sleep")
-            self.asleep = False
+        """Maps everything `sleep` freed back, the KV cache last; a no-op when awake.
+        Drop what the weight sync allocated before calling it: torch's cache is emptied
+        here, and only unreferenced blocks go back to the driver."""
+        self._wake("weights")
+        self._wake("kv_cache")
+
+    def _wake(self, tag: str) -> None:
+        if tag not in self._sleeping:
+            return
+        # Blocks torch's allocator keeps cached (training's activations, the sync's
+        # copies) cannot serve vLLM's sleep-mode pool: give them back to the driver.
+        torch.cuda.empty_cache()
+        fully_awake = self.llm.wake_up(tags=[tag])
+        self._sleeping.discard(tag)
+        if fully_awake != (not self._sleeping):
+            raise RuntimeError(f"vLLM's sleep state disagrees with the engine's after waking {tag}")
 
     def _require_awake(self) -> None:
         # vLLM pauses its scheduler while asleep: a request would not be served, not fail.
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep; call wake_up() first")
+        if self._weights_discarded:
+            raise RuntimeError(
+                "the vLLM engine's weights were discarded by sleep and not loaded since; "
+                "a weight sync (load_weights) must come before generation"
+            )
 
     def generate(
         self,
@@ -241,8 +280,11 @@ class VLLMGenerationEngine:
         return sorted(finished, key=lambda output: int(output.request_id))
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Replaces the engine's weights with the actor's (HF parameter names)."""
-        self._require_awake()
+        """Copies the actor's weights (HF parameter names) into the engine's own; the
+        tensors may be the training module's live parameters, kept by reference only
+        for the call. Needs the weights awake (wake_weights), not the KV cache."""
+        if "weights" in self._sleeping:
+            raise RuntimeError("the vLLM engine's weights are asleep; call wake_weights() first")
         # Checked before anything is copied: vLLM would stop half-way on a bad name or
         # shape and leave a mix of old and new weights behind.
         missing = self._checkpoint_shapes.keys() - state_dict.keys()
@@ -257,6 +299,7 @@ class VLLMGenerationEngine:
                     f"weight {name}: shape {tuple(state_dict[name].shape)}, expected {shape}"
                 )
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _items(state_dict)})
+        self._weights_discarded = False
         # Cached prefix blocks hold keys/values computed with the old weights.
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after a weight load")
@@ -294,6 +337,9 @@ def _process_state_kept() -> Iterator[None]:
     """Restores the RNGs and torch threading that building an in-process vLLM changes."""
     python_rng, numpy_rng = random.getstate(), np.random.get_state()
     torch_rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    # Only an initialised CUDA has generator states to keep (reading them would
+    # initialise it); the worker's training engine is on the GPU before vLLM is built.
+    cuda_rngs = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     set_num_threads = torch.set_num_threads
     try:
         yield
@@ -303,6 +349,8 @@ def _process_state_kept() -> Iterator[None]:
         random.setstate(python_rng)
         np.random.set_state(numpy_rng)
         torch.set_rng_state(torch_rng)
+        if cuda_rngs is not None:
+            torch.cuda.set_rng_state_all(cuda_rngs)
 
 
 def _check_head_size(model_path: str) -> None:

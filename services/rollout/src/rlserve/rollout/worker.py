@@ -48,13 +48,12 @@ from rlserve.core.lora import adapters_disabled, add_lora, merged_state_dict, sa
 from rlserve.core.modeling import load_causal_lm, load_tokenizer
 from rlserve.core.rank_worker import RankSetup, TrainingRankWorker
 from rlserve.core.response_scoring import (
-    DEFAULT_CHUNK_TOKENS,
     ResponseScores,
     forward_micro_batches,
     score_responses,
 )
 from rlserve.core.serving import Deadline, until_deadline
-from rlserve.core.training import OptimizerSettings, grad_norm
+from rlserve.core.training import OptimizerSettings, grad_norm, live_state_dict
 from rlserve.core.worker_settings import ActorSettings
 from rlserve.rollout.config import RolloutServiceConfig
 from rlserve.rollout.generation import GenerationEngine, SamplingSettings
@@ -165,7 +164,7 @@ class ActorWorker(TrainingRankWorker):
         optimizer: OptimizerSettings,
         loss: PolicyLossSettings,
         serve_reference: bool = False,
-        logits_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        logits_chunk_tokens: int | None = None,
         gradient_checkpointing: bool = False,
         lora: LoraSettings | None = None,
         vllm: dict[str, Any] | None = None,
@@ -450,7 +449,7 @@ class ActorWorker(TrainingRankWorker):
         # ZeRO-0 in fp32 records no grad norm, and step() drops the grads: read it from
         # the (already all-reduced) grads just before the boundary step instead.
         norm_from_grads = self.engine.zero_optimization_stage() == 0 and self.dtype == "float32"
-        # Frees the generation engine's KV cache for training (vllm.sleep_while_training).
+        # Frees the generation engine's GPU memory for training (vllm.sleep_while_training).
         self.generation.sleep()
         self.engine.train()
         sums: dict[str, float] = {}
@@ -572,9 +571,27 @@ class ActorWorker(TrainingRankWorker):
     def _sync_generation_weights(self) -> None:
         """Wakes the generation engine and gives it the policy's latest weights (nothing
         to copy when it shares the training module; the span stays, so every trace has
-        the stage)."""
+        the stage).
+
+        The order keeps the GPU's peak low when the engine slept through the update
+        (vllm.sleep_while_training): the engine's weights wake first, take the new
+        weights, and the sync's own tensors are dropped before `wake_up` empties torch's
+        cache and maps the KV cache, the largest allocation, last."""
         copies = not self.generation_shares_weights
         with tracing.span("actor.weight_sync", engine=self.engine_name, copied=copies):
-            self.generation.wake_up()
+            self.generation.wake_weights()
             if copies:
-                self.generation.load_weights(self.policy_weights())
+                # No reference survives the call, so whatever the sync allocated (LoRA's
+                # merged layers, ZeRO-3's gathered weights) is free before the KV cache
+                # wakes.
+                self.generation.load_weights(self._weights_to_sync())
+            self.generation.wake_up()
+
+    def _weights_to_sync(self) -> dict[str, torch.Tensor]:
+        """policy_weights without its snapshot copy: the engine copies them into its own
+        parameters during the call, with no training in between, so a clone of the whole
+        model on the GPU would only raise the peak. New tensors only where they must be
+        computed (LoRA's merged layers) or gathered (ZeRO-3)."""
+        if self.lora is not None:
+            return merged_state_dict(self.engine.module)
+        return live_state_dict(self.engine)

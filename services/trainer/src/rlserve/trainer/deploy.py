@@ -13,11 +13,11 @@ from typing import Any
 
 from ray.serve.schema import ServeDeploySchema
 
-from rlserve.core.config import ConfigModel, redacted_values, secret_field_names
+from rlserve.core.config import ConfigError, ConfigModel, redacted_values, secret_field_names
+from rlserve.core.devices import worker_gpus
 from rlserve.core.inputs_config import LARGE_MODEL_WEIGHT_BYTES, model_weight_bytes
 from rlserve.core.placement import (
     PlacementError,
-    WorkerPlacementConfig,
     alive_nodes,
     ensure_placement_group,
     group_bundle_nodes,
@@ -25,6 +25,7 @@ from rlserve.core.placement import (
     serve_details,
     serve_replicas,
 )
+from rlserve.core.placement_config import WorkerPlacementConfig
 from rlserve.core.reward_settings import RewardSettings
 from rlserve.core.run_config import RunConfig
 from rlserve.core.shortfall import Shortfall, resource_shortfall
@@ -190,6 +191,51 @@ def worker_placements(
                 "timeout_s": placement.timeout_s,
             }
     return placements
+
+
+# The run config's section of each worker role (its fields name the fix).
+RUN_SECTIONS = {"rollout": "actor", "critic": "critic", "reference": "reference"}
+# The roles whose ranks form an NCCL group when on GPUs (the reference joins none).
+TRAINING_ROLES = ("rollout", "critic")
+
+
+def share_gpus(apps: dict[str, dict[str, Any]], cluster_gpus: float) -> None:
+    """Sets `gpus_per_worker` of each worker role that has no placement bundle and may
+    use a GPU (device cuda or auto), from all of them together: a whole GPU each where
+    the cluster has enough, else an equal share of one (rlserve.core.devices
+    .worker_gpus), so that on one GPU the rollout, critic and reference all start
+    instead of the first taking it and the others waiting for one.
+
+    Raises ConfigError, before any service starts, for a training role of several
+    workers that would share GPUs (its ranks' NCCL group refuses two on one GPU), and
+    for device cuda on a cluster without a GPU.
+    """
+    unplaced = [
+        role
+        for role in RUN_SECTIONS
+        if role in apps and "placement" not in apps[role] and apps[role]["device"] != "cpu"
+    ]
+    gpu_workers = sum(apps[role]["workers"] for role in unplaced)
+    for role in unplaced:
+        section = RUN_SECTIONS[role]
+        try:
+            gpus = worker_gpus(apps[role]["device"], cluster_gpus, gpu_workers)
+        except ValueError as error:
+            raise ConfigError(f"{section}.device", str(error)) from None
+        if 0 < gpus < 1 and role in TRAINING_ROLES and apps[role]["workers"] > 1:
+            raise ConfigError(
+                f"{section}.workers",
+                f"the run's {gpu_workers} GPU workers share the cluster's {cluster_gpus:g} "
+                f"GPUs ({gpus:g} of one each), and {apps[role]['workers']} ranks of one NCCL "
+                f"group may then land on one GPU, which NCCL refuses; set {section}.workers: "
+                "1, give other roles device: cpu, or add GPUs",
+            )
+        apps[role]["gpus_per_worker"] = gpus
+
+
+def share_cluster_gpus(apps: dict[str, dict[str, Any]]) -> None:
+    """share_gpus with the GPUs of the cluster's alive nodes."""
+    share_gpus(apps, sum(node["resources"].get("GPU", 0) for node in alive_nodes()))
 
 
 def reserve_placement_groups(apps: dict[str, dict[str, Any]]) -> None:

@@ -49,6 +49,7 @@ from rlserve.trainer.deploy import (
     deploy_services,
     reserve_placement_groups,
     service_args,
+    share_cluster_gpus,
     verify_placement,
 )
 from rlserve.trainer.lease_keeper import LeaseKeeper, run_id_of
@@ -593,6 +594,7 @@ def train(config: RunConfig, run_dir: Path, resume: bool = False) -> RunSummary:
     try:
         mark = time.perf_counter()
         apps = service_args(config, inputs.model_dir)
+        share_cluster_gpus(apps)
         reserve_placement_groups(apps)
         console.print(f"deploying services on Serve (gRPC {address}) ...")
         ready_s = deploy_services(
