@@ -247,7 +247,7 @@ class Smoke:
         return directory
 
 
-def sampling(max_new_tokens: int, greedy: bool = False, responses_per_prompt: int = 1):
+def sampling(max_new_tokens: int, greedy: bool = False):
     from rlserve.rollout.generation import SamplingSettings
 
     return SamplingSettings(
@@ -255,7 +255,7 @@ def sampling(max_new_tokens: int, greedy: bool = False, responses_per_prompt: in
         top_p=1.0,
         top_k=-1,
         max_new_tokens=max_new_tokens,
-        responses_per_prompt=responses_per_prompt,
+        responses_per_prompt=1,
         seed=0,
         ignore_eos=True,
         return_log_probs=False,
@@ -509,6 +509,12 @@ def phase_lora(smoke: Smoke) -> dict:
     return {"tensors_moved_by_lora": moved, "greedy_identical": f"{same}/{len(rows)}"}
 
 
+def identical_responses(engine, other, rows: list[list[int]], greedy) -> int:
+    """How many prompts get token-identical responses from the two engines."""
+    ours, theirs = engine.generate(rows, greedy), other.generate(rows, greedy)
+    return sum(a == b for a, b in zip(ours.response_ids, theirs.response_ids, strict=True))
+
+
 def phase_vllm(smoke: Smoke) -> dict:
     import torch
 
@@ -525,14 +531,7 @@ def phase_vllm(smoke: Smoke) -> dict:
     hf = HFGenerationEngine(str(model_dir), "float32", smoke.device)
     rows = prompt_rows(16, 6, vocab=len(hf.tokenizer), seed=4)
     greedy = sampling(16, greedy=True)
-    same = sum(
-        a == b
-        for a, b in zip(
-            engine.generate(rows, greedy).response_ids,
-            hf.generate(rows, greedy).response_ids,
-            strict=True,
-        )
-    )
+    same = identical_responses(engine, hf, rows, greedy)
     if same < len(rows) - 1:
         raise AssertionError(f"greedy vLLM vs hf: {same}/{len(rows)} identical")
     many = prompt_rows(64, 16, vocab=len(hf.tokenizer), seed=5)
@@ -566,14 +565,7 @@ def phase_vllm(smoke: Smoke) -> dict:
             raise AssertionError(f"sleep freed no GPU memory: {freed} MiB")
         details["sleep_freed_mib"] = freed
     hf.load_weights(weights)
-    agree = sum(
-        a == b
-        for a, b in zip(
-            engine.generate(rows, greedy).response_ids,
-            hf.generate(rows, greedy).response_ids,
-            strict=True,
-        )
-    )
+    agree = identical_responses(engine, hf, rows, greedy)
     if agree < len(rows) - 1:
         raise AssertionError(f"after a weight sync, greedy vLLM vs hf: {agree}/{len(rows)}")
     if hf.generate(rows, greedy).response_ids == hf_before:
