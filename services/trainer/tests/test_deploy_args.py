@@ -384,6 +384,15 @@ def test_one_gpu_is_shared_by_every_unplaced_worker():
     assert "gpus_per_worker" not in apps["critic"]  # a CPU worker reserves none anyway
 
 
+def test_a_cpu_cluster_leaves_the_args_of_services_deployed_one_by_one():
+    # Services deployed alone get service_args only; a run on a cluster without GPUs must
+    # find them unchanged and join them (a 0.0 here made it refuse them as changed).
+    apps = _one_rank_each()
+    before = {role: dict(args) for role, args in apps.items()}
+    share_gpus(apps, cluster_gpus=0)
+    assert apps == before
+
+
 def test_training_ranks_that_would_share_a_gpu_are_refused_before_any_service_starts():
     apps = service_args(_config(), "/m")  # actor.workers 2
     with pytest.raises(ConfigError) as error:

@@ -230,7 +230,10 @@ def share_gpus(apps: dict[str, dict[str, Any]], cluster_gpus: float) -> None:
                 f"group may then land on one GPU, which NCCL refuses; set {section}.workers: "
                 "1, give other roles device: cpu, or add GPUs",
             )
-        apps[role]["gpus_per_worker"] = gpus
+        if gpus > 0:
+            # Only then: a CPU run's args stay those of services deployed one by one
+            # (service_args alone), so a run joins them instead of finding them changed.
+            apps[role]["gpus_per_worker"] = gpus
 
 
 def share_cluster_gpus(apps: dict[str, dict[str, Any]]) -> None:
