@@ -384,6 +384,20 @@ def test_one_gpu_is_shared_by_every_unplaced_worker():
     assert "gpus_per_worker" not in apps["critic"]  # a CPU worker reserves none anyway
 
 
+def test_vllm_memory_beyond_the_rollout_share_of_a_gpu_is_refused_naming_the_field():
+    # one GPU, three workers: each gets 1/3, and vLLM's default 0.5 cannot be free there
+    apps = _one_rank_each(rollout={"engine": "vllm"})
+    with pytest.raises(ConfigError) as error:
+        share_gpus(apps, cluster_gpus=1)
+    path, message = error.value.issues[0]
+    assert path == "rollout.vllm.gpu_memory_utilization"
+    assert "0.3333 of one" in message and "below 0.3333" in message
+    fits = _one_rank_each(rollout={"engine": "vllm", "vllm": {"gpu_memory_utilization": 0.15}})
+    share_gpus(fits, cluster_gpus=1)
+    assert fits["rollout"]["gpus_per_worker"] == 0.3333
+    share_gpus(_one_rank_each(rollout={"engine": "vllm"}), cluster_gpus=3)  # a GPU each
+
+
 def test_a_cpu_cluster_leaves_the_args_of_services_deployed_one_by_one():
     # Services deployed alone get service_args only; a run on a cluster without GPUs must
     # find them unchanged and join them (a 0.0 here made it refuse them as changed).

@@ -230,6 +230,20 @@ def share_gpus(apps: dict[str, dict[str, Any]], cluster_gpus: float) -> None:
                 f"group may then land on one GPU, which NCCL refuses; set {section}.workers: "
                 "1, give other roles device: cpu, or add GPUs",
             )
+        if role == "rollout" and apps[role]["engine"] == "vllm" and 0 < gpus < 1:
+            utilization = apps[role]["vllm"]["gpu_memory_utilization"]
+            if utilization >= gpus:
+                # The run config's own check (RunConfig._vllm_memory_issues) cannot know
+                # this share: it depends on the cluster's GPUs.
+                raise ConfigError(
+                    "rollout.vllm.gpu_memory_utilization",
+                    f"{utilization:g} of the GPU, but each rollout worker gets {gpus:g} of "
+                    f"one: the run's {gpu_workers} GPU workers share the cluster's "
+                    f"{cluster_gpus:g} GPUs, and vLLM refuses to start unless its fraction "
+                    f"is free; set it below {gpus:g} with room for the actor's training "
+                    f"copy (e.g. {gpus / 2:.2f}), give critic/reference device: cpu, or add "
+                    "GPUs",
+                )
         if gpus > 0:
             # Only then: a CPU run's args stay those of services deployed one by one
             # (service_args alone), so a run joins them instead of finding them changed.
