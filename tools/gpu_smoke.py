@@ -39,7 +39,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -270,12 +269,6 @@ def prompt_rows(count: int, length: int, vocab: int, seed: int = 0) -> list[list
     return torch.randint(3, vocab, (count, length), generator=generator).tolist()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def memory_mib(smoke: Smoke) -> dict[str, float]:
     import torch
 
@@ -353,7 +346,8 @@ def make_actor(smoke: Smoke, model_dir: Path, **settings):
         **settings,
     )
     worker = ActorWorker(rank=0, world_size=1, **actor_worker_kwargs(config))
-    worker.init_distributed("127.0.0.1", free_port())
+    # as WorkerGroup does: rank 0 opens the rendezvous and every rank joins it
+    worker.init_distributed(*worker.node_address())
     return worker
 
 

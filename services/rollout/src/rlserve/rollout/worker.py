@@ -540,12 +540,14 @@ class ActorWorker(TrainingRankWorker):
 
     # ---- weights and checkpoints --------------------------------------------------------
 
-    def policy_weights(self) -> dict[str, torch.Tensor]:
+    def policy_weights(self, snapshot: bool = True) -> dict[str, torch.Tensor]:
         """The policy's full weights in the plain model's names (LoRA merged in); a
-        collective under ZeRO-3: call on every rank."""
+        collective under ZeRO-3: call on every rank. `snapshot` False: the training
+        module's own tensors where they are whole (ZeRO 0-2 without LoRA), not a copy,
+        for a caller done with them before the next optimizer step."""
         if self.lora is not None:
             return merged_state_dict(self.engine.module)
-        return self.gathered_weights()
+        return self.gathered_weights() if snapshot else live_state_dict(self.engine)
 
     def save_checkpoint(self, directory: str, client_state: dict[str, Any]) -> None:
         """<directory>/model (HF safetensors + tokenizer, rank 0; LoRA merged in),
@@ -581,17 +583,10 @@ class ActorWorker(TrainingRankWorker):
         with tracing.span("actor.weight_sync", engine=self.engine_name, copied=copies):
             self.generation.wake_weights()
             if copies:
-                # No reference survives the call, so whatever the sync allocated (LoRA's
-                # merged layers, ZeRO-3's gathered weights) is free before the KV cache
-                # wakes.
-                self.generation.load_weights(self._weights_to_sync())
+                # No snapshot: the engine copies the weights into its own during the
+                # call, so a clone of the whole model would only raise the GPU's peak.
+                # No reference survives the call either, so whatever the sync allocated
+                # (LoRA's merged layers, ZeRO-3's gathered weights) is free before the
+                # KV cache wakes.
+                self.generation.load_weights(self.policy_weights(snapshot=False))
             self.generation.wake_up()
-
-    def _weights_to_sync(self) -> dict[str, torch.Tensor]:
-        """policy_weights without its snapshot copy: the engine copies them into its own
-        parameters during the call, with no training in between, so a clone of the whole
-        model on the GPU would only raise the peak. New tensors only where they must be
-        computed (LoRA's merged layers) or gathered (ZeRO-3)."""
-        if self.lora is not None:
-            return merged_state_dict(self.engine.module)
-        return live_state_dict(self.engine)
