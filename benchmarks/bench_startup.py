@@ -23,7 +23,6 @@ another Ray on the machine is left alone; its ports are picked free.
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,11 @@ import time
 from pathlib import Path
 
 from bench_vs_single_process import prepare_workload, workload_overrides
+from ray_head import start_head, stop_head
 from sampling import MachineCpuSampler
 
 from rlserve.core import auth
 from rlserve.core.cluster import free_port
-
-REPO = Path(__file__).resolve().parent.parent
-HEAD_START_TIMEOUT_S = 120
 
 
 def run_train(
@@ -62,50 +59,6 @@ def run_train(
     first_step = summary["first_step_unix_s"]
     startup_cpu_s = cpu.cpu_s(first_step - summary["startup_s"], first_step)
     return {**summary, "command_s": command_s, "startup_cpu_s": startup_cpu_s}
-
-
-def start_head(temp_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
-    """A single-node Ray head (deploy/ray/start-head.sh --block) on loopback; returns the
-    blocking process and the GCS port once the cluster answers."""
-    ray_port = free_port()
-    head_env = {
-        **env,
-        "RAY": str(Path(sys.executable).parent / "ray"),
-        "RAY_PORT": str(ray_port),
-        "NODE_IP": "127.0.0.1",
-        "NUM_CPUS": "16",  # as `rlserve train` gives its own local cluster
-        "DASHBOARD_PORT": str(free_port()),
-        "TEMP_DIR": str(temp_dir),
-    }
-    head = subprocess.Popen(
-        ["bash", str(REPO / "deploy/ray/start-head.sh"), "--block"],
-        env=head_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            raise RuntimeError(f"start-head.sh exited with {head.returncode}")
-        probe = subprocess.run(
-            [head_env["RAY"], "status", f"--address=127.0.0.1:{ray_port}"],
-            env=head_env,
-            capture_output=True,
-        )
-        if probe.returncode == 0:
-            return head, ray_port
-        time.sleep(1)
-    raise TimeoutError(f"the Ray head did not answer within {HEAD_START_TIMEOUT_S} s")
-
-
-def stop_head(head: subprocess.Popen) -> None:
-    os.killpg(head.pid, signal.SIGTERM)
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
 
 
 def describe(label: str, summary: dict) -> str:

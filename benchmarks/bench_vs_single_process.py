@@ -12,15 +12,26 @@ model, reward model and prompts; steady state = the steps after the first
 
     .venv/bin/python benchmarks/bench_vs_single_process.py --rounds 2
     .venv/bin/python benchmarks/bench_vs_single_process.py --modes sync -- actor.workers=2
+    .venv/bin/python benchmarks/bench_vs_single_process.py --cluster deployed --rounds 10 \
+        --modes sync
+
+`--cluster new` (default): each rlserve run starts its own local cluster, as `make demo`
+does, so a round lasts ≈ 1.5 min. `--cluster deployed`: one Ray head for the whole
+benchmark (deploy/ray/start-head.sh, with the environment `rlserve train` gives its own
+local cluster), services deployed by a first run that is not counted, each later run
+resetting and reusing them (≈ 7 s to its first step), so a round lasts ≈ 30 s and the
+baseline and rlserve run seconds apart: this machine's speed drifts by up to a half over
+minutes, so short rounds make each round's ratio fairer.
 
 Prints per round: episodes/s of each, rlserve's step split (generate = waiting for the
 step's batch, forwards, updates), its start-up (the command's process start to its first
-step, with the phases) and the whole command's time; the cores each kept busy (the
-baseline: its own CPU time; rlserve: the whole machine's, from /proc/stat, over its
-counted steps) and rlserve's CPU seconds per step split by process (each worker, each
-service's replica, the trainer, Ray and Serve's own processes); then the medians,
-rlserve / baseline per mode, CPU seconds per step against the baseline's (its own
-process's), one_step_off / sync, and the ceiling: the baseline's work run again with one
+step, with the phases) and the whole command's time; the cores each kept busy; CPU
+seconds per step: the baseline's own process's, rlserve's processes' (each worker, each
+service's replica, the trainer, Ray and Serve's own processes, from /proc/PID/stat over
+its counted steps, split by process; the whole machine's from /proc/stat beside it) and
+their ratio in that round; then the medians, rlserve / baseline per mode, CPU seconds per
+step against the baseline's (the ratio of the medians and the median of the rounds'
+ratios), one_step_off / sync, and the ceiling: the baseline's work run again with one
 torch thread measures its CPU seconds per step without intra-op threading; that work
 spread over every core without overhead is the fastest any split of it (services,
 pipelining) could run here. That one-thread figure is a floor no parallel run reaches on
@@ -32,17 +43,23 @@ its one-thread CPU seconds on 2 threads).
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from ray_head import start_head, stop_head
 from sampling import MachineCpuSampler, ProcessCpuSampler
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from rlserve.core import auth
+from rlserve.core.cluster import apply_ray_env_defaults, free_port
 from rlserve.core.embedded.prepare import prepare_embedded_default
 from rlserve.core.inputs_config import ArithmeticTaskConfig, TinyModelConfig
 
@@ -118,21 +135,30 @@ def run_rlserve(
     args,
     cpu: MachineCpuSampler,
     processes: ProcessCpuSampler,
+    cluster: list[str],
+    env: dict[str, str] | None = None,
 ) -> dict:
     overrides = [
         *workload_overrides(model_dir, reward_dir, prompts, args.steps),
         f"trainer.run_dir={run_parent}",
         f"rollout.mode={mode}",
+        *cluster,
         *args.overrides,
     ]
     started = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
-        check=True,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # on a running cluster: every replica's log lines too
+        text=True,
+        env=env,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"rlserve train failed ({done.returncode}):\n{done.stderr[-5000:]}")
     command_s = time.perf_counter() - started
-    (run_dir,) = [p for p in run_parent.iterdir() if p.is_dir()]
+    # the newest: on deployed services every run shares one parent (the checkpoint root
+    # the services were deployed with)
+    run_dir = max((p for p in run_parent.iterdir() if p.is_dir()), key=lambda p: p.name)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     steps = [r for r in records if "time/step_s" in r]
     counted = steps[args.skip_steps :]
@@ -148,19 +174,60 @@ def run_rlserve(
     counted_end = summary["first_step_unix_s"] + sum(step_times)
     phases = summary["phases_s"]
     before_steps = list(phases)[: list(phases).index("ppo_steps")]
+    by_role = {
+        role: per_s * step_s
+        for role, per_s in processes.cpu_s_by_role(counted_start, counted_end).items()
+    }
     return {
         "episodes_per_s": 64 / step_s,
         "mean_step_s": step_s,
         "busy_cores": cpu.busy_cores(counted_start, counted_end),
-        "cpu_s_per_step_by_role": {
-            role: per_s * step_s
-            for role, per_s in processes.cpu_s_by_role(counted_start, counted_end).items()
-        },
+        "machine_cpu_s_per_step": cpu.busy_cores(counted_start, counted_end) * step_s,
+        # rlserve's own processes, as the baseline's figure is its own process's
+        "cpu_s_per_step": sum(by_role.values()),
+        "cpu_s_per_step_by_role": by_role,
         "stages_s": {stage: mean(f"time/{stage}_s") for stage in STAGES},
         "command_s": command_s,
         "startup_s": summary["startup_s"],
         "startup_phases_s": {name: phases[name] for name in before_steps},
     }
+
+
+@contextmanager
+def rlserve_cluster(args, env: dict[str, str]) -> Iterator[list[str]]:
+    """The `rlserve train` overrides that put each run on the cluster `--cluster` asks
+    for: none for `new` (each run starts and stops its own); for `deployed`, a Ray head
+    started here (deploy/ray/start-head.sh) that outlives the runs, whose first run
+    deploys the services and the later ones reset and reuse them."""
+    if args.cluster == "new":
+        yield []
+        return
+    head, ray_port = start_head(Path(tempfile.mkdtemp(prefix="rlb", dir="/tmp")), env)
+    try:
+        yield [
+            f"trainer.ray_address=127.0.0.1:{ray_port}",
+            f"trainer.serve_grpc_port={free_port()}",
+        ]
+    finally:
+        stop_head(head)
+
+
+def describe_run(mode: str, mine: dict) -> str:
+    stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
+    startup = mine["startup_phases_s"]
+    phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
+    by_role = "  ".join(
+        f"{role} {cpu_s:.3f}" for role, cpu_s in mine["cpu_s_per_step_by_role"].items()
+    )
+    return (
+        f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
+        f"({mine['mean_step_s']:.3f} s/step: {stages}); "
+        f"{mine['cpu_s_per_step']:.3f} CPU s/step in its processes (the machine: "
+        f"{mine['busy_cores']:.2f} cores busy = {mine['machine_cpu_s_per_step']:.3f})\n"
+        f"    command start to first step {mine['startup_s']:.1f} s ({phases}); "
+        f"whole command {mine['command_s']:.1f} s\n"
+        f"    CPU s/step by process: {by_role}"
+    )
 
 
 def main() -> None:
@@ -172,17 +239,41 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="+", choices=["sync", "one_step_off"], default=["sync", "one_step_off"]
     )
+    parser.add_argument(
+        "--cluster",
+        choices=["new", "deployed"],
+        default="new",
+        help="new: each rlserve run starts its own cluster; deployed: one Ray head for the "
+        "whole benchmark, services deployed by a first run (not counted) and reused",
+    )
     parser.add_argument("overrides", nargs="*", help="extra section.field=value for rlserve")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-vs-single-"))
     model_dir, reward_dir = prepare_workload(root, args.seed)
     prompts = model_dir.parent / "data" / "train.jsonl"
+    apply_ray_env_defaults(local=True)  # a deployed head runs as `rlserve train`'s own
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.setdefault(auth.TOKEN_ENV, auth.generate_token())
     baseline: list[dict] = []
     one_thread: list[dict] = []  # the same work, each operation on one core
     ours: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     cpu = MachineCpuSampler()
-    processes = ProcessCpuSampler()
-    with cpu.sampling(), processes.sampling():
+    processes = ProcessCpuSampler(period_s=0.5)
+    with cpu.sampling(), processes.sampling(), rlserve_cluster(args, env) as cluster:
+        if cluster:
+            deploying = run_rlserve(
+                model_dir,
+                reward_dir,
+                prompts,
+                root / "runs",
+                args.modes[0],
+                args,
+                cpu,
+                processes,
+                cluster,
+                env,
+            )
+            print(f"services deployed (run not counted)\n{describe_run(args.modes[0], deploying)}")
         for round_index in range(args.rounds):
             baseline.append(run_baseline(model_dir, reward_dir, prompts, args))
             base = baseline[-1]
@@ -190,6 +281,7 @@ def main() -> None:
             print(
                 f"round {round_index}: single process {base['episodes_per_s']:6.1f} eps/s "
                 f"({base['mean_step_s']:.3f} s/step: {base_stages}); "
+                f"{base['cpu_s_per_step']:.3f} CPU s/step, "
                 f"{base['busy_cores']:.2f} of {base['machine_cores']} cores busy",
                 flush=True,
             )
@@ -200,25 +292,24 @@ def main() -> None:
                 flush=True,
             )
             for mode in args.modes:
-                run_parent = root / f"runs{round_index}_{mode}"
+                run_parent = root / ("runs" if cluster else f"runs{round_index}_{mode}")
                 mine = run_rlserve(
-                    model_dir, reward_dir, prompts, run_parent, mode, args, cpu, processes
+                    model_dir,
+                    reward_dir,
+                    prompts,
+                    run_parent,
+                    mode,
+                    args,
+                    cpu,
+                    processes,
+                    cluster,
+                    env,
                 )
                 ours[mode].append(mine)
-                stages = "  ".join(f"{k} {v:.3f}" for k, v in mine["stages_s"].items())
-                startup = mine["startup_phases_s"]
-                phases = "  ".join(f"{k} {v:.1f}" for k, v in startup.items() if "/" not in k)
-                by_role = "  ".join(
-                    f"{role} {cpu_s:.3f}" for role, cpu_s in mine["cpu_s_per_step_by_role"].items()
-                )
                 print(
-                    f"  rlserve {mode} {mine['episodes_per_s']:6.1f} eps/s "
-                    f"({mine['mean_step_s']:.3f} s/step: {stages}); "
-                    f"machine {mine['busy_cores']:.2f} cores busy = "
-                    f"{mine['busy_cores'] * mine['mean_step_s']:.3f} CPU s/step\n"
-                    f"    command start to first step {mine['startup_s']:.1f} s ({phases}); "
-                    f"whole command {mine['command_s']:.1f} s\n"
-                    f"    CPU s/step by process: {by_role}",
+                    f"{describe_run(mode, mine)}\n    CPU s/step = "
+                    f"{mine['cpu_s_per_step'] / base['cpu_s_per_step']:.2f}x this round's "
+                    "single process",
                     flush=True,
                 )
     base_eps = statistics.median(b["episodes_per_s"] for b in baseline)
@@ -238,11 +329,17 @@ def main() -> None:
     }
     base_cpu_s = statistics.median(b["cpu_s_per_step"] for b in baseline)
     for mode, eps in medians.items():
-        cpu_s = statistics.median(o["busy_cores"] * o["mean_step_s"] for o in ours[mode])
+        cpu_s = statistics.median(o["cpu_s_per_step"] for o in ours[mode])
+        per_round = [
+            o["cpu_s_per_step"] / b["cpu_s_per_step"]
+            for o, b in zip(ours[mode], baseline, strict=True)
+        ]
         print(
             f"  rlserve {mode} {eps:.1f} eps/s, rlserve / single process = {eps / base_eps:.2f}; "
             f"CPU s per step {cpu_s:.3f} = {cpu_s / base_cpu_s:.2f}x the single process's "
-            f"{base_cpu_s:.3f} ({cpu_s / work_cpu_s:.2f}x its work at one thread)"
+            f"{base_cpu_s:.3f} ({cpu_s / work_cpu_s:.2f}x its work at one thread); per round "
+            f"{', '.join(f'{r:.2f}' for r in per_round)}x, median "
+            f"{statistics.median(per_round):.2f}x"
         )
     if {"sync", "one_step_off"} <= set(medians):
         gain = medians["one_step_off"] / medians["sync"]

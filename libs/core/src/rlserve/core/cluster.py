@@ -61,6 +61,20 @@ _RAY_ENV_DEFAULTS = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
+# A private local cluster starts no dashboard, so nothing reads what Ray's processes
+# otherwise keep producing for it: task events (the state API and the dashboard's task
+# views), Prometheus metrics and event-loop statistics. Ray's log monitor also stops
+# listing the log directory at every 0.1 s poll (new log files are found within 5 s;
+# lines of known files still go out every 0.1 s). Together: 0.02-0.03 cores of Ray's own
+# processes, 0.012-0.015 CPU s per step of the tiny PPO workload (≈ 2.5%), measured
+# interleaved. Clusters started elsewhere (deploy/ray, KubeRay) keep Ray's defaults.
+_LOCAL_RAY_ENV_DEFAULTS = {
+    "RAY_enable_task_events": "0",
+    "RAY_enable_metrics_collection": "0",
+    "RAY_event_stats": "0",
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    "LOG_NAME_UPDATE_INTERVAL_S": "5",
+}
 DIRECT_GRPC_PORTS = range(40000, 41000)
 """Where Serve's direct ingress puts replicas' own gRPC servers (its default range)."""
 
@@ -78,12 +92,14 @@ def use_ray_token_auth(token: str) -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-def apply_ray_env_defaults() -> dict[str, str]:
-    """Sets the defaults missing from this process's environment; returns the values in
-    force, for Ray's processes (a user's own setting wins)."""
-    for key, value in _RAY_ENV_DEFAULTS.items():
+def apply_ray_env_defaults(local: bool = False) -> dict[str, str]:
+    """Sets the defaults missing from this process's environment (with `local`, also a
+    private local cluster's); returns the values in force, for Ray's processes (a user's
+    own setting wins)."""
+    defaults = {**_RAY_ENV_DEFAULTS, **(_LOCAL_RAY_ENV_DEFAULTS if local else {})}
+    for key, value in defaults.items():
         os.environ.setdefault(key, value)
-    return {key: os.environ[key] for key in _RAY_ENV_DEFAULTS}
+    return {key: os.environ[key] for key in defaults}
 
 
 def free_port() -> int:
@@ -101,7 +117,7 @@ def start_local_ray(
     log_to_driver: bool = True,
 ) -> None:
     """A private single-node Ray (never touches another Ray running on the machine)."""
-    env_vars = apply_ray_env_defaults()
+    env_vars = apply_ray_env_defaults(local=True)
     ray.init(
         address="local",
         num_cpus=num_cpus,
