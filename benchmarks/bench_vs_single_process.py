@@ -20,8 +20,10 @@ does, so a round lasts ≈ 1.5 min. `--cluster deployed`: one Ray head for the w
 benchmark (deploy/ray/start-head.sh, with the environment `rlserve train` gives its own
 local cluster), services deployed by a first run that is not counted, each later run
 resetting and reusing them (≈ 7 s to its first step), so a round lasts ≈ 30 s and the
-baseline and rlserve run seconds apart: this machine's speed drifts by up to a half over
-minutes, so short rounds make each round's ratio fairer.
+baseline and rlserve run seconds apart. The baseline then shares the machine with the idle
+services and Ray's processes (it kept 1.80-1.85 of 2 cores busy, against 1.97-1.98
+alone), which raises its CPU seconds per step and flatters rlserve's ratio: use
+`deployed` to follow rlserve's own split by process quickly, `new` for the ratio.
 
 Prints per round: episodes/s of each, rlserve's step split (generate = waiting for the
 step's batch, forwards, updates), its start-up (the command's process start to its first
