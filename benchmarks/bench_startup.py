@@ -24,13 +24,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_vs_single_process import prepare_workload, workload_overrides
+from bench_vs_single_process import prepare_workload, train_once, workload_overrides
 from ray_head import start_head, stop_head
 from sampling import MachineCpuSampler
 
@@ -43,18 +40,7 @@ def run_train(
 ) -> dict:
     """One `rlserve train` under `run_parent`; its summary (the newest run there) and
     the CPU seconds the machine spent on its start-up."""
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,  # on a running cluster: every replica's log lines too
-        text=True,
-        env=env,
-    )
-    command_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"rlserve train failed ({done.returncode}):\n{done.stderr[-5000:]}")
-    run_dir = max((p for p in run_parent.iterdir() if p.is_dir()), key=lambda p: p.name)
+    run_dir, command_s = train_once(overrides, run_parent, env)
     summary = json.loads((run_dir / "summary.json").read_text())
     first_step = summary["first_step_unix_s"]
     startup_cpu_s = cpu.cpu_s(first_step - summary["startup_s"], first_step)

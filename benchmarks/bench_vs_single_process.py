@@ -128,6 +128,27 @@ def workload_overrides(model_dir: Path, reward_dir: Path, prompts: Path, steps: 
     ]
 
 
+def train_once(
+    overrides: list[str], run_parent: Path, env: dict[str, str] | None = None
+) -> tuple[Path, float]:
+    """One `rlserve train` under `run_parent`: its run directory (the newest there: runs
+    on deployed services share the parent they were deployed with) and the command's
+    seconds; its stderr in the error when it fails."""
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # on a running cluster: every replica's log lines too
+        text=True,
+        env=env,
+    )
+    command_s = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"rlserve train failed ({done.returncode}):\n{done.stderr[-5000:]}")
+    run_dir = max((p for p in run_parent.iterdir() if p.is_dir()), key=lambda p: p.name)
+    return run_dir, command_s
+
+
 def run_rlserve(
     model_dir: Path,
     reward_dir: Path,
@@ -147,20 +168,7 @@ def run_rlserve(
         *cluster,
         *args.overrides,
     ]
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "rlserve.trainer.cli", "train", *overrides],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,  # on a running cluster: every replica's log lines too
-        text=True,
-        env=env,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"rlserve train failed ({done.returncode}):\n{done.stderr[-5000:]}")
-    command_s = time.perf_counter() - started
-    # the newest: on deployed services every run shares one parent (the checkpoint root
-    # the services were deployed with)
-    run_dir = max((p for p in run_parent.iterdir() if p.is_dir()), key=lambda p: p.name)
+    run_dir, command_s = train_once(overrides, run_parent, env)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     steps = [r for r in records if "time/step_s" in r]
     counted = steps[args.skip_steps :]
@@ -176,6 +184,7 @@ def run_rlserve(
     counted_end = summary["first_step_unix_s"] + sum(step_times)
     phases = summary["phases_s"]
     before_steps = list(phases)[: list(phases).index("ppo_steps")]
+    busy_cores = cpu.busy_cores(counted_start, counted_end)
     by_role = {
         role: per_s * step_s
         for role, per_s in processes.cpu_s_by_role(counted_start, counted_end).items()
@@ -183,8 +192,8 @@ def run_rlserve(
     return {
         "episodes_per_s": 64 / step_s,
         "mean_step_s": step_s,
-        "busy_cores": cpu.busy_cores(counted_start, counted_end),
-        "machine_cpu_s_per_step": cpu.busy_cores(counted_start, counted_end) * step_s,
+        "busy_cores": busy_cores,
+        "machine_cpu_s_per_step": busy_cores * step_s,
         # rlserve's own processes, as the baseline's figure is its own process's
         "cpu_s_per_step": sum(by_role.values()),
         "cpu_s_per_step_by_role": by_role,
