@@ -195,7 +195,9 @@ async def _run(
     return client, outcomes
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND])
+@pytest.mark.parametrize(
+    "code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED]
+)
 def test_a_stale_direct_route_goes_to_the_proxy_within_the_attempt(script, code):
     script.answers = {"direct": [_status(code)], "proxy": [_ok(), _ok()]}
     client, outcomes = asyncio.run(_run(script, [None, None], retries=0))

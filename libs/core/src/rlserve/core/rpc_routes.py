@@ -32,8 +32,12 @@ FailedRoute = Literal["handle", "direct"]
 service's: no replica, a replica restarting)."""
 
 # A direct call failing so says nothing of the service: Serve answers NOT_FOUND on a
-# replica's port for another app's call (the port was reused after a replacement).
-STALE_ROUTE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
+# replica's port for another app's call (the port was reused after a replacement), and
+# CANCELLED when the replica, being replaced, cancels the call it was running (a call
+# this client cancels raises asyncio.CancelledError, never a CANCELLED status).
+STALE_ROUTE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED}
+)
 HANDLE_ROUTE_MIN_BYTES: dict[str, int] = {"direct": 2 * 2**20, "proxy": 64 * 2**10}
 """The request tensors' bytes from which `call_api` takes the handle route rather
 than each gRPC route (benchmarks/bench_batch_transport.py, replica + 2 workers, in one
