@@ -131,6 +131,7 @@ def agent_run_config(
     responses_per_prompt: int = 2,
     rollout_mode: str = "sync",
     reward_rule: str = "arithmetic_exact_match",
+    runs_root: Path | None = None,
     **trainer,
 ) -> RunConfig:
     """GRPO without a KL term (rollout, reward and environment services only), each
@@ -138,6 +139,7 @@ def agent_run_config(
     `reward_rule`."""
     return tiny_run_config(
         run_dir,
+        runs_root,
         reward={"kinds": {"rule": {"rule_name": reward_rule}}},
         algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0}},
         actor={"ppo_mini_batch_prompts": 2, "micro_batch_samples": 4, "ppo_epochs": 1},

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from rlserve.core.config import validate_config
+from rlserve.core.rpc import ServiceClient, open_channel
 from rlserve.core.run_config import RunConfig
 from rlserve.trainer.deploy import deploy_services, service_args
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import RunInputs, train_on_services
+from rlserve.v1 import critic_pb2, critic_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 
 TRACED_SERVICES = {
     "rlserve-trainer",
@@ -26,8 +28,10 @@ TRACED_SERVICES = {
 """service.name of every process a traced PPO step crosses."""
 
 
-def tiny_run_config(run_dir: Path, **sections) -> RunConfig:
-    """A run of a few fast steps; `sections` override whole sections' fields."""
+def tiny_run_config(run_dir: Path, runs_root: Path | None = None, **sections) -> RunConfig:
+    """A run of a few fast steps whose trainer.run_dir (the root of its runs, and the
+    services' checkpoint_root) is `runs_root`, by default `run_dir` itself; `sections`
+    override whole sections' fields."""
     data = {
         "rollout": {"max_new_tokens": 3, "eval_prompts": 32, "eval_every_steps": 0},
         "actor": {"ppo_mini_batch_prompts": 8, "micro_batch_samples": 8, "ppo_epochs": 1},
@@ -36,7 +40,7 @@ def tiny_run_config(run_dir: Path, **sections) -> RunConfig:
             "total_steps": 3,
             "prompts_per_step": 16,
             "checkpoint_every_steps": 0,
-            "run_dir": str(run_dir),
+            "run_dir": str(runs_root or run_dir),
             "control_port": None,
         },
     }
@@ -45,18 +49,62 @@ def tiny_run_config(run_dir: Path, **sections) -> RunConfig:
     return validate_config(RunConfig, data)
 
 
+def session_runs_root(tmp_path: Path) -> Path:
+    """The runs root all tests can share: pytest's base directory of the session, above
+    every tmp_path. Under one root the services keep one checkpoint_root, and so the
+    same settings from test to test: what deployed_services needs to reuse them."""
+    return tmp_path.parent
+
+
 def run_inputs(embedded) -> RunInputs:
     """The run inputs of the session's warmed-up embedded model (conftest `embedded`)."""
     return RunInputs(str(embedded.model_dir), str(embedded.train_path), str(embedded.eval_path))
 
 
+SERVICE_ROLES = ("rollout", "critic", "reference", "reward", "environment")
+
+
 def fresh_services(config: RunConfig, inputs: RunInputs) -> None:
-    """Redeploys from scratch so each test starts from the initial weights."""
+    """Redeploys from scratch: new replicas at the initial weights, for tests that call
+    the services before any run or count on replicas no earlier test touched."""
     from ray import serve
 
-    for role in ("rollout", "critic", "reference", "reward", "environment"):
+    for role in SERVICE_ROLES:
         serve.delete(role)
     deploy_services(service_args(config, inputs.model_dir), timeout_s=300)
+
+
+def deployed_services(config: RunConfig, inputs: RunInputs, address: str) -> None:
+    """The services `config` runs, at their initial weights: apps already deployed with
+    its settings are kept and reset (what a run does with services an earlier run
+    trained; test_service_reuse checks that it computes what fresh replicas do), the
+    others replaced. A redeploy takes 30-50 s on this machine kind, a reset under 1 s."""
+    from ray import serve
+
+    apps = service_args(config, inputs.model_dir)
+    for role in set(SERVICE_ROLES) - apps.keys():
+        serve.delete(role)
+    deploy_services(apps, timeout_s=300, replace_different=True)
+    asyncio.run(_reset(address, [role for role in RESETTABLE if role in apps]))
+
+
+RESETTABLE = {
+    "rollout": (rollout_pb2_grpc.RolloutServiceStub, rollout_pb2.RolloutServiceResetRequest),
+    "critic": (critic_pb2_grpc.CriticServiceStub, critic_pb2.CriticServiceResetRequest),
+}
+"""The stateful services and their Reset: back to the deployed initial weights."""
+
+
+async def _reset(address: str, roles: list[str]) -> None:
+    for role in roles:
+        stub, request = RESETTABLE[role]
+        channel = open_channel(address)
+        client = ServiceClient(channel, stub, role, timeout_s=120)
+        try:
+            await client.call("Reset", request())
+        finally:
+            await client.close()
+            await channel.close()
 
 
 REPLAYED_METRICS = [

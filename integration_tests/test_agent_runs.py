@@ -20,7 +20,12 @@ import pytest
 from ray import serve
 
 from integration_tests.agent_support import agent_run_config
-from integration_tests.support import BackgroundRun, fresh_services
+from integration_tests.support import (
+    BackgroundRun,
+    deployed_services,
+    fresh_services,
+    session_runs_root,
+)
 from rlserve.core.placement import serve_replicas
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import RunInputs, train_on_services
@@ -37,7 +42,7 @@ def no_environment_left(serve_cluster):
 
 
 def _train(config, inputs: RunInputs, run_dir: Path, address: str):
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, address)
     return asyncio.run(train_on_services(config, inputs, run_dir, address, show_progress=False))
 
 
@@ -60,6 +65,7 @@ def test_a_hung_tool_times_out_and_zero_reward_scores_its_responses_0(
         calc,
         "zero_reward",
         reward_rule="integration_tests.agent_tools:score_every_response_1",
+        runs_root=session_runs_root(tmp_path),
     )
     started = time.monotonic()
     summary = _train(config, agent_inputs, tmp_path, serve_cluster.grpc_address)
@@ -78,7 +84,7 @@ def test_a_raising_tool_is_an_error_observation_and_drop_sample_trains_on_nothin
 ):
     calc = {"tool": "integration_tests.agent_tools:Broken"}
     summary = _train(
-        agent_run_config(tmp_path, calc, "drop_sample"),
+        agent_run_config(tmp_path, calc, "drop_sample", runs_root=session_runs_root(tmp_path)),
         agent_inputs,
         tmp_path,
         serve_cluster.grpc_address,
@@ -128,7 +134,11 @@ def test_one_step_off_with_rollout_correction_runs_on_multi_turn_batches(
     (engine log-prob 0, mask 0) must be out of the correction, or its mismatch would be
     large. Later steps generate one version behind and are corrected."""
     config = agent_run_config(
-        tmp_path, {"tool": "calculator"}, total_steps=4, rollout_mode="one_step_off"
+        tmp_path,
+        {"tool": "calculator"},
+        total_steps=4,
+        rollout_mode="one_step_off",
+        runs_root=session_runs_root(tmp_path),
     )
     summary = _train(config, agent_inputs, tmp_path, serve_cluster.grpc_address)
     assert summary.steps == 4

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import deployed_services, run_inputs, tiny_run_config
 from rlserve.trainer.checkpoint import checkpoint_dir, latest_checkpoint, staging_dir
 from rlserve.trainer.metrics import read_metrics
 from rlserve.trainer.run import train_on_services
@@ -58,7 +58,7 @@ def test_a_save_that_fills_the_disk_leaves_the_last_checkpoint_to_resume(
                 rollout={"eval_prompts": 8},
             )
             if resume_from is None:
-                fresh_services(config, inputs)
+                deployed_services(config, inputs, serve_cluster.grpc_address)
             return asyncio.run(
                 train_on_services(
                     config, inputs, run_dir, serve_cluster.grpc_address, resume_from, False

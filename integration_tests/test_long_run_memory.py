@@ -5,7 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import (
+    deployed_services,
+    run_inputs,
+    session_runs_root,
+    tiny_run_config,
+)
 from integration_tests.test_ppo_loop import _run
 from rlserve.trainer.metrics import read_metrics
 
@@ -24,10 +29,11 @@ SERVICE_GROWTH_MIB = 32.0
 def test_200_steps_keep_object_store_and_service_memory_flat(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         trainer={"total_steps": STEPS, "resources_every_steps": EVERY_STEPS},
     )
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
     samples = [
         r for r in read_metrics(Path(summary.metrics_jsonl)) if "resources/object_store_mib" in r

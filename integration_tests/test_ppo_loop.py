@@ -12,8 +12,9 @@ import torch
 
 from integration_tests.support import (
     assert_same_step_metrics,
-    fresh_services,
+    deployed_services,
     run_inputs,
+    session_runs_root,
     tiny_run_config,
 )
 from rlserve.core.batch import Batch
@@ -32,23 +33,24 @@ def _run(config, inputs, run_dir, address, resume_from=None):
     )
 
 
-def _fresh_run(config, embedded, run_dir, address):
-    """Redeploys the services, runs `config`; its summary and per-step metric records."""
+def _deployed_run(config, embedded, run_dir, address):
+    """Deploys `config`'s services (reusing same-settings apps) and runs it; its summary
+    and per-step metric records."""
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, address)
     summary = _run(config, inputs, run_dir, address)
     return summary, [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
 
 
-def _fresh_run_step_records(config, embedded, run_dir, address):
-    """Redeploys the services, runs `config` and returns its per-step metric records."""
-    return _fresh_run(config, embedded, run_dir, address)[1]
+def _run_step_records(config, embedded, run_dir, address):
+    """Deploys `config`'s services, runs it and returns its per-step metric records."""
+    return _deployed_run(config, embedded, run_dir, address)[1]
 
 
 def test_ppo_with_critic(serve_cluster, embedded, tmp_path):
-    config = tiny_run_config(tmp_path, trainer={"total_steps": 3})
+    config = tiny_run_config(tmp_path, session_runs_root(tmp_path), trainer={"total_steps": 3})
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
     records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -78,10 +80,11 @@ def test_batches_by_the_handle_route_train_exactly_as_by_grpc(serve_cluster, emb
     for name, min_bytes in (("grpc", None), ("handle", 0)):
         config = tiny_run_config(
             tmp_path / name,
+            session_runs_root(tmp_path),
             trainer={"total_steps": 2, "handle_route_min_bytes": min_bytes},
             actor={"use_kl_loss": True},
         )
-        summary, by_route[name] = _fresh_run(
+        summary, by_route[name] = _deployed_run(
             config, embedded, tmp_path / name, serve_cluster.grpc_address
         )
         routes[name] = summary.calls_by_route
@@ -98,6 +101,7 @@ def test_adaptive_kl_coefficient_follows_the_measured_kl(serve_cluster, embedded
     target_kl, horizon = 1e-3, 100
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={
             "kl_ctrl": {
                 "kind": "adaptive",
@@ -109,7 +113,7 @@ def test_adaptive_kl_coefficient_follows_the_measured_kl(serve_cluster, embedded
         actor={"lr": 1e-2},  # move the policy so the KL leaves zero quickly
         trainer={"total_steps": 4},
     )
-    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
+    records = _run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert records[0]["kl_coef"] == pytest.approx(0.05)
     samples = records[0]["samples"]
     for before, after in itertools.pairwise(records):
@@ -122,6 +126,7 @@ def test_adaptive_kl_coefficient_follows_the_measured_kl(serve_cluster, embedded
 def test_grpo_without_critic(serve_cluster, embedded, tmp_path):
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0.0}},
         actor={"use_kl_loss": True, "kl_loss_coef": 0.04},
         rollout={"responses_per_prompt": 4},
@@ -129,7 +134,7 @@ def test_grpo_without_critic(serve_cluster, embedded, tmp_path):
     )
     inputs = run_inputs(embedded)
     assert "critic" not in service_args(config, inputs.model_dir)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     summary = _run(config, inputs, tmp_path, serve_cluster.grpc_address)
     records = [r for r in read_metrics(Path(summary.metrics_jsonl)) if "reward_mean" in r]
     assert [r["samples"] for r in records] == [32.0, 32.0]
@@ -141,6 +146,7 @@ def test_dapo_pieces_through_the_services(serve_cluster, embedded, tmp_path):
     on groups whose scores differ, and the metrics account for the rounds it took."""
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={
             "adv_estimator": "grpo",
             "kl_ctrl": {"kl_coef": 0.0},
@@ -153,7 +159,7 @@ def test_dapo_pieces_through_the_services(serve_cluster, embedded, tmp_path):
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 3, "prompts_per_step": 8},
     )
-    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
+    records = _run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         rounds, groups = (
@@ -176,11 +182,12 @@ def test_remax_and_rollout_correction_through_the_services(serve_cluster, embedd
     and dtype)."""
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={"adv_estimator": "remax", "kl_ctrl": {"kl_coef": 0.0}, "rollout_is_cap": 2.0},
         actor={"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
         trainer={"total_steps": 2},
     )
-    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
+    records = _run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert 0.0 <= record["remax/baseline_mean"] <= 1.0  # the rule scores 0 or 1
@@ -197,6 +204,7 @@ def test_gdpo_and_dppo_through_the_services(serve_cluster, embedded, tmp_path):
     over 4 micro-batches."""
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={"adv_estimator": "gdpo", "kl_ctrl": {"kl_coef": 0.0}},
         actor={
             "policy_loss": "dppo_tv",
@@ -207,7 +215,7 @@ def test_gdpo_and_dppo_through_the_services(serve_cluster, embedded, tmp_path):
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
+    records = _run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         # whitened over the step's response tokens
@@ -221,6 +229,7 @@ def test_optimal_token_baseline_through_the_services(serve_cluster, embedded, tm
     the rollout-correction weights; DPPO-KL trains on its advantages."""
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={
             "adv_estimator": "optimal_token_baseline",
             "kl_ctrl": {"kl_coef": 0.0},
@@ -230,7 +239,7 @@ def test_optimal_token_baseline_through_the_services(serve_cluster, embedded, tm
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
+    records = _run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert record["rollout_is/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
@@ -243,11 +252,12 @@ def test_grpo_passk_through_the_services(serve_cluster, embedded, tmp_path):
     in four is nonzero and the mean advantage is not negative."""
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         algorithm={"adv_estimator": "grpo_passk", "kl_ctrl": {"kl_coef": 0.0}},
         rollout={"responses_per_prompt": 4},
         trainer={"total_steps": 2, "prompts_per_step": 8},
     )
-    records = _fresh_run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
+    records = _run_step_records(config, embedded, tmp_path, serve_cluster.grpc_address)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         assert record["advantages_mean"] >= 0.0
@@ -261,11 +271,12 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(
     """one_step_off: step 3 trains on the generation step 2's checkpoint kept."""
     config = tiny_run_config(
         tmp_path,
+        session_runs_root(tmp_path),
         trainer={"total_steps": 4, "checkpoint_every_steps": 2},
         rollout={"mode": mode},
     )
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     uninterrupted = tmp_path / "uninterrupted"
     uninterrupted.mkdir()
     _run(config, inputs, uninterrupted, serve_cluster.grpc_address)
@@ -297,9 +308,9 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(
 def test_a_retried_update_is_not_applied_twice(serve_cluster, embedded, tmp_path):
     """Over Serve gRPC: a retry of the step just applied, with its batch, is answered
     from the stored result; the run's applied step sent with another batch is refused."""
-    config = tiny_run_config(tmp_path, trainer={"total_steps": 1})
+    config = tiny_run_config(tmp_path, session_runs_root(tmp_path), trainer={"total_steps": 1})
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     _run(config, inputs, tmp_path, serve_cluster.grpc_address)
 
     def update_batch(advantage: float) -> Batch:

@@ -10,7 +10,13 @@ import pytest
 import torch
 from ray import serve
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import (
+    deployed_services,
+    fresh_services,
+    run_inputs,
+    session_runs_root,
+    tiny_run_config,
+)
 from rlserve.core.batch import Batch
 from rlserve.core.codec import batch_from_proto, batch_to_proto
 from rlserve.core.modeling import load_tokenizer
@@ -107,8 +113,8 @@ def test_merged_reference_stays_at_the_initial_weights_through_training(
 def test_rollout_without_reference_weights_refuses_the_reference_rpc(
     serve_cluster, embedded, tmp_path
 ):
-    config = tiny_run_config(tmp_path)  # a separate reference service
-    fresh_services(config, run_inputs(embedded))
+    config = tiny_run_config(tmp_path, session_runs_root(tmp_path))  # a separate reference
+    deployed_services(config, run_inputs(embedded), serve_cluster.grpc_address)
     channel = serve_cluster.channel()
     reference = reference_pb2_grpc.ReferenceServiceStub(channel)
     rollout = rollout_pb2_grpc.RolloutServiceStub(channel)
