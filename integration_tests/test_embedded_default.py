@@ -38,13 +38,23 @@ def _train(tmp_path: Path, *overrides: str, config: Path | None = None) -> dict:
     return summary
 
 
-@pytest.mark.parametrize("seed", [2, 3])
+WARMUP_BAND = (0.22, 0.55)
+"""Where the default warm-up leaves held-out accuracy on every seed: RL starts from
+30-40% whatever the seed or the CPU's rounding (a fixed 400 steps ended anywhere
+between 7% and 57%)."""
+PPO_SEEDS = [2, 3]
+
+
+@pytest.mark.parametrize("seed", PPO_SEEDS)
 def test_ppo_raises_held_out_accuracy_by_20_points_within_10_minutes(seed, tmp_path):
     """The default run on two seeds other than the demo's 0. On this machine kind they
     gained +37.4 and +41.8 points (+20 after 24 s of RL); seeds 0 and 1 gain only
-    +21 to +23, too close to the bar for a test (see benchmarks/bench_learning.py)."""
+    +21 to +23, too close to the bar for a test (see benchmarks/bench_learning.py).
+    Its warm-up lands in the band too (test_warmup_lands_in_its_band checks the others)."""
     summary = _train(tmp_path, f"trainer.seed={seed}")
     assert summary["seed"] == seed
+    assert summary["warmup_reached_target"], summary
+    assert WARMUP_BAND[0] <= summary["warmup_accuracy"] <= WARMUP_BAND[1], summary
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.20, summary
     assert summary["total_s"] < 600, summary
     assert Path(summary["curves_png"]).stat().st_size > 0
@@ -65,11 +75,10 @@ def test_grpo_without_critic_also_improves(tmp_path):
     assert before_steps <= summary["startup_s"] < summary["total_s"], summary
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", [seed for seed in range(5) if seed not in PPO_SEEDS])
 def test_warmup_lands_in_its_band_on_every_seed(seed, tmp_path):
-    """The default warm-up stops at its target accuracy on held-out training pairs, so
-    RL starts from 30-40% whatever the seed or the CPU's rounding (a fixed 400 steps
-    ended anywhere between 7% and 57%)."""
+    """The default warm-up stops at its target accuracy on held-out training pairs, in
+    WARMUP_BAND: seeds 0-4, those the PPO runs above don't warm up already."""
     config = load_config(RunConfig)
     built = prepare_embedded_default(
         tmp_path,
@@ -82,4 +91,4 @@ def test_warmup_lands_in_its_band_on_every_seed(seed, tmp_path):
     assert built.warmup_reached_target, built
     assert built.warmup_steps < config.model.tiny.sft_max_steps, built
     # Measured on the run's held-out pairs (not the pairs the warm-up checked on).
-    assert 0.22 <= built.warmup_accuracy <= 0.55, built
+    assert WARMUP_BAND[0] <= built.warmup_accuracy <= WARMUP_BAND[1], built

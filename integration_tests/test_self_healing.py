@@ -16,8 +16,10 @@ import pytest
 from integration_tests.support import (
     BackgroundRun,
     assert_same_step_metrics,
+    deployed_services,
     fresh_services,
     run_inputs,
+    session_runs_root,
     tiny_run_config,
 )
 from rlserve.core.config import dump_config
@@ -165,18 +167,19 @@ def uninterrupted(serve_cluster, embedded, tmp_path_factory) -> list[dict]:
     """Per-step metrics of the run both recovery tests must reproduce (a checkpoint's
     directory does not change what a step computes)."""
     runs = tmp_path_factory.mktemp("uninterrupted")
-    config = _fault_run_config(runs)
+    config = _fault_run_config(runs, session_runs_root(runs))
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     asyncio.run(
         train_on_services(config, inputs, runs, serve_cluster.grpc_address, show_progress=False)
     )
     return _steps(runs)
 
 
-def _fault_run_config(runs: Path, **trainer):
+def _fault_run_config(runs: Path, runs_root: Path | None = None, **trainer):
     return tiny_run_config(
         runs,
+        runs_root,
         trainer={
             "total_steps": TOTAL_STEPS,
             "checkpoint_every_steps": CHECKPOINT_EVERY_STEPS,
@@ -193,10 +196,10 @@ def _assert_same_steps(expected: list[dict], got: list[dict]) -> None:
 def test_a_run_that_loses_workers_and_a_replica_recovers_with_uninterrupted_metrics(
     serve_cluster, embedded, uninterrupted, tmp_path
 ):
-    config = _fault_run_config(tmp_path)
+    config = _fault_run_config(tmp_path, session_runs_root(tmp_path))
     inputs = run_inputs(embedded)
     address = serve_cluster.grpc_address
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, address)
     run = BackgroundRun(config, inputs, tmp_path, address)
     kills = [
         (1, lambda: os.kill(_worker_pids(address, "critic")[0], signal.SIGKILL)),
@@ -237,9 +240,9 @@ def test_a_restart_of_serves_proxy_mid_run_rolls_nothing_back(
     one within ~20 s), and later the reward replica (stateless): the stateful services
     kept their state both times, so the run waits and goes on from where it stood, with
     the metrics of an uninterrupted run and no checkpoint restored."""
-    config = _fault_run_config(tmp_path, call_routes="proxy")
+    config = _fault_run_config(tmp_path, session_runs_root(tmp_path), call_routes="proxy")
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     run = BackgroundRun(config, inputs, tmp_path, serve_cluster.grpc_address)
     run.wait_for_steps(2, timeout_s=300)
     proxy_pid = _serve_proxy_pid()

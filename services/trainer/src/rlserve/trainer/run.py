@@ -89,6 +89,11 @@ class RunSummary:
     """trainer.seed, the run's one seed."""
     warmup_steps: int | None
     """Supervised warm-up steps of the embedded default (None for user models)."""
+    warmup_accuracy: float | None
+    """Greedy accuracy on held-out training pairs right after that warm-up: where RL
+    started (None for user models)."""
+    warmup_reached_target: bool | None
+    """Whether the warm-up stopped at its target accuracy rather than its step cap."""
     steps: int
     recoveries: list[RecoveryEvent]
     """Each time the run restored its services from a checkpoint after losing one."""
@@ -415,6 +420,8 @@ async def _train_on_services(
             run_dir=str(run_dir),
             seed=config.trainer.seed,
             warmup_steps=inputs.warmup_steps,
+            warmup_accuracy=inputs.warmup_accuracy,
+            warmup_reached_target=inputs.warmup_reached_target,
             steps=trainer.state.step,
             recoveries=recovery.events,
             phases_s=phases,
