@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from integration_tests.support import fresh_services, run_inputs, tiny_run_config
+from integration_tests.support import deployed_services, run_inputs, tiny_run_config
 from rlserve.core.rpc import call_metadata
 from rlserve.trainer.deploy import ServiceSettingsConflict, deploy_services, service_args
 from rlserve.v1 import critic_pb2, critic_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -36,7 +36,7 @@ def test_forward_settings_reach_the_services_and_a_conflicting_run_stops(
         critic={"forward_micro_batch_samples": 3},
     )
     inputs = run_inputs(embedded)
-    fresh_services(config, inputs)
+    deployed_services(config, inputs, serve_cluster.grpc_address)
     rollout = _settings(serve_cluster, "rollout")
     assert (rollout["forward_micro_batch_samples"], rollout["logits_chunk_tokens"]) == (7, 5)
     assert _settings(serve_cluster, "critic")["forward_micro_batch_samples"] == 3
