@@ -143,12 +143,27 @@ def _settings(zero_stage: int) -> OptimizerSettings:
     )
 
 
-def test_adamw_is_fused_on_cuda_and_a_per_tensor_loop_on_the_cpu():
-    parameters = [torch.nn.Parameter(torch.zeros(3))]
-    on_cuda = adamw(parameters, _settings(0), CUDA).defaults
-    on_cpu = adamw(parameters, _settings(0), CPU).defaults
-    assert (on_cuda["fused"], on_cuda["foreach"]) == (True, None)
-    assert (on_cpu["fused"], on_cpu["foreach"]) == (None, False)
+def test_adamw_is_fused_and_steps_as_the_per_tensor_loop_does():
+    torch.manual_seed(0)
+    weights = torch.randn(64, 32)
+    grads = [torch.randn(64, 32) for _ in range(3)]
+
+    def trained(make):
+        parameter = torch.nn.Parameter(weights.clone())
+        optimizer = make([parameter])
+        for grad in grads:
+            parameter.grad = grad.clone()
+            optimizer.step()
+        return parameter.detach()
+
+    settings = _settings(0)
+    assert adamw([torch.nn.Parameter(torch.zeros(3))], settings).defaults["fused"] is True
+    loop = trained(
+        lambda p: torch.optim.AdamW(
+            p, lr=settings.lr, weight_decay=settings.weight_decay, foreach=False
+        )
+    )
+    torch.testing.assert_close(trained(lambda p: adamw(p, settings)), loop)
 
 
 @pytest.mark.parametrize(
