@@ -96,15 +96,17 @@ RESETTABLE = {
 
 
 async def _reset(address: str, roles: list[str]) -> None:
-    for role in roles:
-        stub, request = RESETTABLE[role]
-        channel = open_channel(address)
-        client = ServiceClient(channel, stub, role, timeout_s=120)
-        try:
-            await client.call("Reset", request())
-        finally:
-            await client.close()
-            await channel.close()
+    channel = open_channel(address)
+    try:
+        for role in roles:
+            stub, request = RESETTABLE[role]
+            client = ServiceClient(channel, stub, role, timeout_s=120)
+            try:
+                await client.call("Reset", request())
+            finally:
+                await client.close()
+    finally:
+        await channel.close()
 
 
 REPLAYED_METRICS = [
