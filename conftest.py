@@ -27,9 +27,33 @@ if TYPE_CHECKING:  # torch is imported by the tests that use it, not by every se
 TEST_CLUSTER_CPUS = 16
 
 
+_cluster_temp_dirs: list[Path] = []
+LOG_TAIL_FILES, LOG_TAIL_LINES = 6, 25
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test on the session's cluster carries the ends of the Serve replica and
+    Ray worker logs written last: a replica that hangs or dies while starting says why
+    only there, and CI keeps nothing but the test output."""
+    report = yield
+    if report.failed and report.when in ("setup", "call") and _cluster_temp_dirs:
+        logs = _cluster_temp_dirs[-1] / "session_latest" / "logs"
+        newest = sorted(
+            [*logs.glob("serve/replica_*.log"), *logs.glob("worker-*.err")],
+            key=lambda path: path.stat().st_mtime,
+        )[-LOG_TAIL_FILES:]
+        for path in newest:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"Ray log {path.name} (last lines)", "\n".join(lines)))
+    return report
+
+
 @dataclass(frozen=True)
 class ServeCluster:
     grpc_address: str
+    temp_dir: Path
+    """Ray's temp dir: its session_latest/logs hold every replica's and worker's log."""
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(
@@ -57,9 +81,10 @@ def serve_cluster() -> Iterator[ServeCluster]:
     )
     # Short path: Ray's unix sockets live under it (108-byte limit).
     temp_dir = Path(tempfile.mkdtemp(prefix="rlray"))
+    _cluster_temp_dirs.append(temp_dir)
     start_local_ray(num_cpus=TEST_CLUSTER_CPUS, temp_dir=temp_dir)
     grpc_port = start_serve_on_a_free_port()
-    yield ServeCluster(grpc_address=f"127.0.0.1:{grpc_port}")
+    yield ServeCluster(grpc_address=f"127.0.0.1:{grpc_port}", temp_dir=temp_dir)
     serve.shutdown()
     ray.shutdown()
 

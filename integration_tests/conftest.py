@@ -1,6 +1,8 @@
 """Fixtures for whole-stack tests: a warmed-up embedded model, a tool-using one, and
 Phoenix (a real OTLP trace backend, integration_tests/phoenix.py) for the tracing tests."""
 
+from pathlib import Path
+
 import pytest
 
 from integration_tests.agent_support import build_agent_model, write_agent_inputs
@@ -41,3 +43,22 @@ def agent_model_dir(tmp_path_factory: pytest.TempPathFactory):
 def agent_inputs(agent_model_dir, tmp_path_factory):
     """Run inputs of agent_model_dir with its one prompt (integration_tests/agent_support.py)."""
     return write_agent_inputs(agent_model_dir, tmp_path_factory.mktemp("agent_data"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_apps_end_with_their_module(request: pytest.FixtureRequest):
+    """Deletes the Serve apps a module deployed under its own names when it ends, also when
+    its fixture failed halfway: an app left starting keeps its replicas and their CPUs and
+    memory, and every later module then fails to deploy. The service roles stay, for
+    `deployed_services` to reuse."""
+    yield
+    import ray
+
+    if request.path.parent != Path(__file__).parent or not ray.is_initialized():
+        return  # multinode/ and netns/ run their own clusters their own way
+    from ray import serve
+
+    from integration_tests.support import SERVICE_ROLES
+
+    for name in set(serve.status().applications) - set(SERVICE_ROLES):
+        serve.delete(name)

@@ -486,9 +486,12 @@ def deploy_applications(
             return ready_s
         watch.check(pending)
         if time.monotonic() > deadline:
+            reasons = {name: _failure(statuses[name]) for name in pending if name in statuses}
             raise TimeoutError(
                 f"services not running after {timeout_s:.0f} s (trainer.deploy_timeout_s): "
-                f"{pending}" + (f"\n{watch.last.describe()}" if watch.last else "")
+                f"{pending}"
+                + "".join(f"\n{name}: {reason}" for name, reason in reasons.items() if reason)
+                + (f"\n{watch.last.describe()}" if watch.last else "")
             )
         time.sleep(0.5)
 
