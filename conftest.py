@@ -39,12 +39,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if report.failed and report.when in ("setup", "call") and _cluster_temp_dirs:
         logs = _cluster_temp_dirs[-1] / "session_latest" / "logs"
-        newest = sorted(
-            [*logs.glob("serve/replica_*.log"), *logs.glob("worker-*.err")],
-            key=lambda path: path.stat().st_mtime,
-        )[-LOG_TAIL_FILES:]
-        for path in newest:
-            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        modified = {}
+        for path in [*logs.glob("serve/replica_*.log"), *logs.glob("worker-*.err")]:
+            try:  # Ray rotates logs by renaming them: a listed file may be gone
+                modified[path] = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+        for path in sorted(modified, key=modified.get)[-LOG_TAIL_FILES:]:
+            try:
+                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            except FileNotFoundError:
+                continue
             report.sections.append((f"Ray log {path.name} (last lines)", "\n".join(lines)))
     return report
 
