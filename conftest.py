@@ -28,6 +28,7 @@ TEST_CLUSTER_CPUS = 16
 
 
 _cluster_temp_dirs: list[Path] = []
+"""The session cluster's Ray temp dir (its session_latest/logs), once it has started."""
 LOG_TAIL_FILES, LOG_TAIL_LINES = 6, 25
 
 
@@ -57,8 +58,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 @dataclass(frozen=True)
 class ServeCluster:
     grpc_address: str
-    temp_dir: Path
-    """Ray's temp dir: its session_latest/logs hold every replica's and worker's log."""
 
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(
@@ -89,7 +88,7 @@ def serve_cluster() -> Iterator[ServeCluster]:
     _cluster_temp_dirs.append(temp_dir)
     start_local_ray(num_cpus=TEST_CLUSTER_CPUS, temp_dir=temp_dir)
     grpc_port = start_serve_on_a_free_port()
-    yield ServeCluster(grpc_address=f"127.0.0.1:{grpc_port}", temp_dir=temp_dir)
+    yield ServeCluster(grpc_address=f"127.0.0.1:{grpc_port}")
     serve.shutdown()
     ray.shutdown()
 
